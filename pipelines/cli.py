@@ -1,0 +1,177 @@
+"""The `pagemill` command line: run | sql | make-test-model."""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+USAGE = """pagemill run --input URI [--input URI ...] --output DIR [--job FILE] [--run-id ID] [--tenant NAME]
+             [pagemill options] [Beam pipeline options]
+pagemill sql --output DIR [--format table|csv|json] "QUERY"
+pagemill make-test-model DIR"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    if command == "run":
+        return run_command(rest)
+    if command == "sql":
+        return sql_command(rest)
+    if command == "make-test-model":
+        return make_test_model_command(rest)
+    print(f"pagemill: unknown command {command!r}\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+def run_command(argv: Sequence[str]) -> int:
+    import apache_beam as beam
+
+    from pipelines.extract import build_pipeline
+    from pipelines.manifest import build_manifest, run_counts, write_manifest
+    from pipelines.options import PagemillOptions, merge_flags, new_run_id
+    from transforms.write import clear_run
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--job", default=None)
+    known, rest = pre.parse_known_args(argv)
+    try:
+        flags = merge_flags(rest, known.job)
+    except (OSError, ValueError) as err:
+        print(f"pagemill: cannot read job file {known.job}: {err}", file=sys.stderr)
+        return 2
+    options = PagemillOptions(flags)
+    o = options.view_as(PagemillOptions)
+    if not o.input or not o.output:
+        print("pagemill run: --input and --output are required (or a --job file that sets them)", file=sys.stderr)
+        return 2
+    problem = preflight(o)
+    if problem:
+        print(f"pagemill run: {problem}", file=sys.stderr)
+        return 2
+    o.run_id = o.run_id or new_run_id()
+    started = dt.datetime.now(dt.UTC)
+    run = {"run_id": o.run_id, "tenant": o.tenant, "created_at": started}
+    clear_run(o.output, o.run_id)
+    print(f"pagemill: run {o.run_id}: reading {', '.join(o.input)}", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    pipeline = beam.Pipeline(options=options)
+    build_pipeline(pipeline, o, run)
+    result = pipeline.run()
+    result.wait_until_finish()
+    wall = time.perf_counter() - t0
+    counts = run_counts(o.output, o.run_id)
+    manifest = build_manifest(o.run_id, _public_options(options), counts, stage_metrics(result),
+                              started, dt.datetime.now(dt.UTC))
+    uri = write_manifest(o.output, o.run_id, manifest)
+    print(summary(counts, wall, o.output, uri))
+    return 0
+
+
+def preflight(o: Any) -> str | None:
+    """Checks that save a user from a pipeline that would fail late: a bad schema, a missing model."""
+    if not o.extract:
+        return None
+    from schemas.extraction import SchemaError, load_schema
+
+    try:
+        load_schema(o.schema)
+    except (SchemaError, OSError) as err:
+        return f"--schema {o.schema}: {err}"
+    return None
+
+
+def _public_options(options: Any) -> dict[str, Any]:
+    skip = {"s3_secret_access_key", "s3_access_key_id", "s3_session_token"}
+    return {k: v for k, v in options.get_all_options(drop_default=False).items() if k not in skip}
+
+
+def stage_metrics(result: Any) -> dict[str, Any]:
+    """Counters and time distributions from Beam's metrics (every runner reports them)."""
+    out: dict[str, Any] = {}
+    try:
+        queried = result.metrics().query()
+    except Exception:  # noqa: BLE001 - some runners cannot report metrics; the manifest says so
+        return {"unavailable": True}
+    for counter in queried.get("counters", []):
+        out[counter.key.metric.name] = out.get(counter.key.metric.name, 0) + counter.committed
+    for dist in queried.get("distributions", []):
+        d = dist.committed
+        if d is not None and d.count:
+            out[dist.key.metric.name] = {"count": d.count, "sum": d.sum, "mean": round(d.sum / d.count, 3),
+                                         "max": d.max}
+    return out
+
+
+def summary(counts: dict[str, Any], wall: float, output: str, manifest_uri: str) -> str:
+    pages = counts["totals"]["pages"]
+    lines = [f"pagemill: {counts['documents']} documents, {pages} pages in {wall:.1f} s "
+             f"({pages / max(wall, 1e-9):.2f} pages/s)"]
+    lines.append("  outcomes: " + ", ".join(f"{k} {v}" for k, v in counts["outcomes"].items()))
+    if counts["reject_reasons"]:
+        lines.append("  reasons:  " + ", ".join(f"{k} {v}" for k, v in counts["reject_reasons"].items()))
+    if counts["pages"]:
+        lines.append("  pages:    " + ", ".join(f"{k} {v}" for k, v in counts["pages"].items()))
+    t = counts["totals"]
+    lines.append(f"  model calls {t['model_calls']}, tokens in {t['image_tokens'] + t['text_tokens']}, "
+                 f"out {t['output_tokens']}, cost ${t['cost_usd']:.6f} (hosted API ${t['api_equivalent_usd']:.6f})")
+    lines.append(f"  tables:   {output.rstrip('/')}/{{documents,pages,ledger}}/  manifest: {manifest_uri}")
+    lines.append(f"  query:    pagemill sql --output {output} \"SELECT outcome, count(*) FROM documents GROUP BY 1\"")
+    return "\n".join(lines)
+
+
+def sql_command(argv: Sequence[str]) -> int:
+    from pipelines import sql
+
+    parser = argparse.ArgumentParser(prog="pagemill sql")
+    parser.add_argument("--output", required=True, help="output root that `pagemill run` wrote")
+    parser.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    parser.add_argument("query")
+    args = parser.parse_args(argv)
+    try:
+        columns, rows = sql.query(args.output, args.query)
+    except Exception as err:  # noqa: BLE001 - DuckDB's message is the useful part
+        print(f"pagemill sql: {err}", file=sys.stderr)
+        return 1
+    print(sql.render(columns, rows, args.format))
+    return 0
+
+
+def make_test_model_command(argv: Sequence[str]) -> int:
+    from pathlib import Path
+
+    from pipelines.test_model import make_test_model
+
+    parser = argparse.ArgumentParser(prog="pagemill make-test-model")
+    parser.add_argument("dir")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    path = make_test_model(Path(args.dir), seed=args.seed)
+    print(json.dumps({"model": str(path)}))
+    return 0
+
+
+class _QuietImports(logging.Filter):
+    """Beam warns about Google Cloud clients that a pagemill install does not use."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "apitools not found" not in record.getMessage()
+
+
+def entry() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_QuietImports())
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,57 @@
+"""build_pipeline(p, opts, run): the graph of DESIGN.md, stage by stage, and nothing else."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import apache_beam as beam
+
+from pipelines.options import PagemillOptions
+from schemas.records import PageImage, PageRow
+from transforms.dedup import DUPLICATES, DedupDocuments
+from transforms.intake import REJECTED, IntakeDoFn, IntakeLimits, ListObjects
+from transforms.outcome import DocumentOutcomes
+from transforms.pages import FAILED_PAGES, RenderPagesDoFn, RenderSettings
+from transforms.write import ProgressDoFn, WriteTables
+
+
+def intake_limits(o: PagemillOptions) -> IntakeLimits:
+    return IntakeLimits(max_bytes=o.max_bytes, max_pages=o.max_pages, max_image_pixels=o.max_image_pixels)
+
+
+def render_settings(o: PagemillOptions) -> RenderSettings:
+    return RenderSettings(dpi=o.dpi, max_side=o.max_side, jpeg_quality=o.jpeg_quality,
+                          max_text_chars=o.max_text_chars, max_page_points=o.max_page_points,
+                          max_image_pixels=o.max_image_pixels, max_bytes=o.max_bytes)
+
+
+def rendered_only(page: PageImage) -> PageRow:
+    """A page of a render-only run (`--extract false`): accounted for, no model, no cost."""
+    return PageRow(doc_sha256=page.doc_sha256, source_uri=page.source_uri, page_index=page.page_index,
+                   status="rendered", page_hash=page.page_hash, width=page.width, height=page.height,
+                   hint_source=page.hint_source, route="none")
+
+
+def extract_pages(pages: beam.PCollection, o: PagemillOptions) -> beam.PCollection:
+    """PageImage -> PageRow. The model stage plugs in here."""
+    if not o.extract:
+        return pages | "RenderedOnly" >> beam.Map(rendered_only)
+    from transforms.extract import ExtractPages  # imports vLLM's handler only when a model is used
+
+    return pages | "Extract" >> ExtractPages(o)
+
+
+def build_pipeline(p: beam.Pipeline, o: PagemillOptions, run: Mapping[str, Any]) -> None:
+    listed = p | "List" >> ListObjects(o.input)
+    intake = listed | "Intake" >> beam.ParDo(IntakeDoFn(intake_limits(o))).with_outputs(REJECTED, main="accepted")
+    dedup = intake.accepted | "DedupDocuments" >> DedupDocuments()
+    rendered = (
+        dedup.kept
+        | "RenderPages" >> beam.ParDo(RenderPagesDoFn(render_settings(o))).with_outputs(FAILED_PAGES, main="pages")
+    )
+    extracted = extract_pages(rendered.pages, o)
+    pages = (extracted, rendered[FAILED_PAGES]) | "AllPages" >> beam.Flatten()
+    kept = pages | "Outcomes" >> DocumentOutcomes(dedup.kept)
+    documents = (intake[REJECTED], dedup[DUPLICATES], kept) | "AllDocuments" >> beam.Flatten()
+    _ = documents | "Write" >> WriteTables(o.output, run, pages)
+    _ = (documents, pages) | "Progress" >> beam.Flatten() | "Report" >> beam.ParDo(ProgressDoFn(o.progress_every_s))

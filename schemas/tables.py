@@ -1,0 +1,91 @@
+"""The Arrow schema of every output table, defined once. Writers, readers and tests import these."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Any
+
+import pyarrow as pa
+
+from schemas.records import DocumentRow, PageRow
+
+TABLES = ("documents", "pages", "ledger")
+
+DOCUMENTS = pa.schema([
+    ("run_id", pa.string()),
+    ("tenant", pa.string()),
+    ("source_uri", pa.string()),
+    ("bytes", pa.int64()),
+    ("doc_sha256", pa.string()),
+    ("format", pa.string()),
+    ("page_count", pa.int64()),
+    ("outcome", pa.string()),
+    ("reason_code", pa.string()),
+    ("message", pa.string()),
+    ("duplicate_of", pa.string()),
+    ("created_at", pa.timestamp("us", tz="UTC")),
+])
+
+PAGES = pa.schema([
+    ("run_id", pa.string()),
+    ("tenant", pa.string()),
+    ("doc_sha256", pa.string()),
+    ("source_uri", pa.string()),
+    ("page_index", pa.int64()),
+    ("page_hash", pa.string()),
+    ("cache_key", pa.string()),
+    ("status", pa.string()),
+    ("reason_code", pa.string()),
+    ("message", pa.string()),
+    ("width", pa.int64()),
+    ("height", pa.int64()),
+    ("schema_id", pa.string()),
+    ("schema_hash", pa.string()),
+    ("model", pa.string()),
+    ("model_revision", pa.string()),
+    ("extraction", pa.string()),
+    ("validation_errors", pa.list_(pa.string())),
+    ("flags", pa.list_(pa.string())),
+    ("hint_source", pa.string()),
+    ("created_at", pa.timestamp("us", tz="UTC")),
+])
+
+LEDGER = pa.schema([
+    ("run_id", pa.string()),
+    ("tenant", pa.string()),
+    ("doc_sha256", pa.string()),
+    ("source_uri", pa.string()),
+    ("page_index", pa.int64()),
+    ("route", pa.string()),
+    ("model", pa.string()),
+    ("image_tokens", pa.int64()),
+    ("text_tokens", pa.int64()),
+    ("output_tokens", pa.int64()),
+    ("attempts", pa.int64()),
+    ("gpu_seconds", pa.float64()),
+    ("cost_usd", pa.float64()),
+    ("api_equivalent_usd", pa.float64()),
+    ("created_at", pa.timestamp("us", tz="UTC")),
+])
+
+SCHEMAS: Mapping[str, pa.Schema] = {"documents": DOCUMENTS, "pages": PAGES, "ledger": LEDGER}
+
+
+def _project(row: Mapping[str, Any], schema: pa.Schema) -> dict[str, Any]:
+    """Keep exactly the schema's columns, so a record field that is not a column never leaks out."""
+    return {name: row.get(name) for name in schema.names}
+
+
+def document_row(row: DocumentRow, run: Mapping[str, Any]) -> dict[str, Any]:
+    return _project({**asdict(row), **run}, DOCUMENTS)
+
+
+def page_row(row: PageRow, run: Mapping[str, Any]) -> dict[str, Any]:
+    d = asdict(row)
+    d["validation_errors"] = list(row.validation_errors)
+    d["flags"] = list(row.flags)
+    return _project({**d, **run}, PAGES)
+
+
+def ledger_row(row: PageRow, run: Mapping[str, Any]) -> dict[str, Any]:
+    return _project({**asdict(row), **run}, LEDGER)

@@ -1,0 +1,188 @@
+"""Intake: list the inputs, gate on size before reading, read, hash, sniff, validate.
+
+Outputs a `DocumentRecord` for every acceptable document, and a `DocumentRow` with outcome
+`rejected` and a reason code for every other listed object. Nothing raises across the pipeline.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import apache_beam as beam
+import pypdfium2 as pdfium
+from apache_beam.io import fileio
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+from PIL import Image, UnidentifiedImageError
+
+from schemas.records import DocumentRecord, DocumentRow, ListedObject
+from transforms.formats import IMAGE_FORMATS, PdfPasswordError, image_page_count, open_image, open_pdf, sniff_format
+
+log = logging.getLogger(__name__)
+REJECTED = "rejected"
+MISSING = -1  # ListedObject.size of a URI that was listed by name but does not exist
+
+
+@dataclass(frozen=True)
+class IntakeLimits:
+    max_bytes: int
+    max_pages: int
+    max_image_pixels: int
+
+
+def reject(obj: ListedObject, reason_code: str, message: str, **known: object) -> DocumentRow:
+    return DocumentRow(source_uri=obj.uri, bytes=max(obj.size, 0), outcome="rejected", reason_code=reason_code,
+                       message=message[:500], **known)  # type: ignore[arg-type]
+
+
+def size_gate(obj: ListedObject, limits: IntakeLimits) -> DocumentRow | None:
+    """Decided from the listing alone, so an oversized object is never downloaded."""
+    if obj.size == MISSING:
+        return reject(obj, "not_found", "the object was listed by name but does not exist")
+    if obj.size > limits.max_bytes:
+        return reject(obj, "too_large", f"{obj.size:,} bytes is over the limit of {limits.max_bytes:,}")
+    if obj.size == 0:
+        return reject(obj, "empty", "the object has zero bytes")
+    return None
+
+
+def inspect_document(obj: ListedObject, data: bytes, limits: IntakeLimits) -> DocumentRecord | DocumentRow:
+    """Hash, sniff and validate bytes already read. Pure: no I/O, no Beam."""
+    if len(data) > limits.max_bytes:  # the listing under-reported the size
+        return reject(obj, "too_large", f"read more than {limits.max_bytes:,} bytes")
+    if not data:
+        return reject(obj, "empty", "the object has zero bytes")
+    sha = hashlib.sha256(data).hexdigest()
+    fmt = sniff_format(data[:1024])
+    known = {"doc_sha256": sha, "format": fmt}
+    if fmt is None:
+        return reject(obj, "unsupported_format", "magic bytes match no supported PDF or image format",
+                      doc_sha256=sha)
+    try:
+        pages = _count_pages(data, fmt, limits)
+    except PdfPasswordError:
+        return reject(obj, "encrypted", "the PDF is password protected", **known)
+    except Image.DecompressionBombError as err:
+        return reject(obj, "decompression_bomb", str(err), **known)
+    except UnidentifiedImageError as err:
+        reason = "unsupported_format" if fmt in ("heic", "avif") else "unreadable"
+        return reject(obj, reason, f"{fmt}: {err}", **known)
+    except (pdfium.PdfiumError, OSError, ValueError, SyntaxError, EOFError) as err:
+        return reject(obj, "unreadable", f"{fmt}: {type(err).__name__}: {err}", **known)
+    if pages < 1:
+        return reject(obj, "unreadable", f"{fmt} has no pages", **known)
+    if pages > limits.max_pages:
+        return reject(obj, "too_many_pages", f"{pages:,} pages is over the limit of {limits.max_pages:,}",
+                      page_count=pages, **known)
+    return DocumentRecord(uri=obj.uri, size=len(data), doc_sha256=sha, format=fmt, page_count=pages)
+
+
+def _count_pages(data: bytes, fmt: str, limits: IntakeLimits) -> int:
+    if fmt == "pdf":
+        with open_pdf(data) as doc:
+            return len(doc)
+    if fmt not in IMAGE_FORMATS:
+        raise ValueError(f"no reader for {fmt}")
+    with open_image(data, limits.max_image_pixels) as img:
+        count = image_page_count(img, fmt)
+        img.seek(0)
+        img.load()  # decodes frame 0 now, so a truncated image is rejected here, not mid-run
+        return count
+
+
+def read_capped(uri: str, limit: int) -> bytes:
+    """Read at most limit + 1 bytes, so a listing that lied about the size cannot exhaust memory."""
+    with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        return handle.read(limit + 1)
+
+
+class IntakeDoFn(beam.DoFn):
+    """ListedObject -> DocumentRecord, or DocumentRow (tag `rejected`)."""
+
+    def __init__(self, limits: IntakeLimits) -> None:
+        self.limits = limits
+        self.rejected = Metrics.counter("pagemill", "documents_rejected")
+        self.accepted = Metrics.counter("pagemill", "documents_accepted")
+
+    def process(self, obj: ListedObject) -> Iterator[object]:
+        gated = size_gate(obj, self.limits)
+        if gated is None:
+            try:
+                data = read_capped(obj.uri, self.limits.max_bytes)
+            except Exception as err:  # noqa: BLE001 - any storage error is this object's outcome
+                gated = reject(obj, "unreadable", f"read failed: {type(err).__name__}: {err}")
+        result = gated if gated is not None else inspect_document(obj, data, self.limits)
+        if isinstance(result, DocumentRow):
+            self.rejected.inc()
+            yield beam.pvalue.TaggedOutput(REJECTED, result)
+        else:
+            self.accepted.inc()
+            yield result
+
+
+def expand_input(pattern: str) -> list[str]:
+    """A folder becomes a recursive glob; `@FILE` becomes the URIs it lists (one a line, # comments)."""
+    if pattern.startswith("@"):
+        with FileSystems.open(pattern[1:], compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            lines = handle.read().decode("utf-8").splitlines()
+        return [s for s in (line.strip() for line in lines) if s and not s.startswith("#")]
+    if pattern.endswith("/"):
+        return [pattern + "**"]
+    if not any(c in pattern for c in "*?[") and _is_dir(pattern):
+        return [pattern.rstrip("/") + "/**"]
+    return [pattern]
+
+
+def _is_dir(path: str) -> bool:
+    if "://" in path:
+        return False
+    import os
+
+    return os.path.isdir(path)
+
+
+def to_listed(meta: fileio.FileMetadata) -> ListedObject:
+    return ListedObject(uri=meta.path, size=int(meta.size_in_bytes), last_modified=meta.last_updated_in_seconds)
+
+
+class ListObjects(beam.PTransform):
+    """Patterns -> one ListedObject per distinct object (an object reached twice is listed once)."""
+
+    def __init__(self, patterns: Iterable[str]) -> None:
+        super().__init__()
+        self.patterns = list(patterns)
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
+        globs = [g for p in self.patterns for g in expand_input(p)]
+        listed = (
+            pbegin
+            | "Patterns" >> beam.Create(sorted(set(globs)))
+            | "Match" >> fileio.MatchAll(fileio.EmptyMatchTreatment.ALLOW)
+            | "Listed" >> beam.Map(to_listed)
+        )
+        # fileio drops a literal URI that does not exist; a listed object must never vanish silently.
+        literals = [g for g in globs if not any(c in g for c in "*?[")]
+        missing = (
+            pbegin
+            | "Literals" >> beam.Create(sorted(set(literals)))
+            | "Missing" >> beam.FlatMap(_missing)
+        )
+        return (
+            (listed, missing)
+            | "All" >> beam.Flatten()
+            | "ByUri" >> beam.Map(lambda o: (o.uri, o))
+            | "OncePerUri" >> beam.CombinePerKey(lambda objs: max(objs, key=lambda o: o.size))
+            | "Values" >> beam.Values()
+        )
+
+
+def _missing(uri: str) -> Iterator[ListedObject]:
+    try:
+        exists = FileSystems.exists(uri)
+    except Exception:  # noqa: BLE001 - an unreachable store is reported as a missing object
+        exists = False
+    if not exists:
+        yield ListedObject(uri=uri, size=MISSING)

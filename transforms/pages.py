@@ -1,0 +1,177 @@
+"""Pages: render one page at a time, normalise, hash the pixels, keep the text layer.
+
+A PDF is rendered page by page with pypdfium2 and each page leaves the DoFn as JPEG bytes before
+the next is rendered, so no stage holds a document's rendered pages. Images are EXIF-rotated,
+flattened onto white, converted to RGB and resized to the same cap.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import apache_beam as beam
+import pypdfium2 as pdfium
+from apache_beam.metrics import Metrics
+from PIL import Image, ImageOps
+
+from schemas.records import DocumentRecord, PageImage, PageRow
+from transforms.formats import PDFIUM_LOCK, PdfPasswordError, load_pdf, open_image
+from transforms.intake import read_capped
+
+FAILED_PAGES = "failed_pages"
+
+
+@dataclass(frozen=True)
+class RenderSettings:
+    dpi: float
+    max_side: int
+    jpeg_quality: int
+    max_text_chars: int
+    max_page_points: float
+    max_image_pixels: int
+    max_bytes: int
+
+
+class PageError(Exception):
+    """One page could not be rendered; carries the reason code for its `pages` row."""
+
+    def __init__(self, reason_code: str, message: str) -> None:
+        super().__init__(message)
+        self.reason_code = reason_code
+
+
+def normalise(img: Image.Image, max_side: int) -> Image.Image:
+    """RGB on white, at most max_side on the longest side. Transparent pixels must not turn black."""
+    if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
+        rgba = img.convert("RGBA")
+        flat = Image.new("RGB", rgba.size, (255, 255, 255))
+        flat.paste(rgba, mask=rgba.getchannel("A"))
+        img = flat
+    elif img.mode != "RGB":
+        img = img.convert("RGB")
+    if max(img.size) > max_side:
+        scale = max_side / max(img.size)
+        size = (max(1, round(img.width * scale)), max(1, round(img.height * scale)))
+        img = img.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
+    return img
+
+
+def page_hash(img: Image.Image) -> str:
+    """sha256 of the normalised pixels and their size: equal pages in different files collide."""
+    digest = hashlib.sha256(f"{img.width}x{img.height}:".encode())
+    digest.update(img.tobytes())
+    return digest.hexdigest()
+
+
+def encode_page(img: Image.Image, quality: int) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def _finish(doc: DocumentRecord, index: int, img: Image.Image, text: str, s: RenderSettings) -> PageImage:
+    return PageImage(doc_sha256=doc.doc_sha256, source_uri=doc.uri, page_index=index, page_hash=page_hash(img),
+                     image=encode_page(img, s.jpeg_quality), width=img.width, height=img.height,
+                     text_layer=text[: s.max_text_chars])
+
+
+def render_pdf_page(pdf: pdfium.PdfDocument, index: int, s: RenderSettings) -> tuple[Image.Image, str]:
+    """Render one page (the caller holds the pdfium lock) and read its text layer."""
+    page = pdf[index]
+    try:
+        width, height = page.get_size()
+        if max(width, height) > s.max_page_points or min(width, height) <= 0:
+            raise PageError("page_too_large", f"page is {width:.0f}x{height:.0f} pt")
+        scale = min(s.dpi / 72.0, s.max_side / max(width, height))
+        bitmap = page.render(scale=scale, may_draw_forms=True)
+        img = bitmap.to_pil()
+        bitmap.close()
+        textpage = page.get_textpage()
+        text = textpage.get_text_bounded()
+        textpage.close()
+    finally:
+        page.close()
+    return normalise(img, s.max_side), text
+
+
+def render_pdf(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterator[PageImage | PageRow]:
+    with PDFIUM_LOCK:
+        pdf = load_pdf(data)
+        count = len(pdf)
+    try:
+        for index in range(count):
+            try:
+                # The lock is held for one page only (never across a yield), so threads interleave.
+                with PDFIUM_LOCK:
+                    img, text = render_pdf_page(pdf, index, s)
+                yield _finish(doc, index, img, text, s)
+            except PageError as err:
+                yield failed_page(doc, index, err.reason_code, str(err))
+            except Exception as err:  # noqa: BLE001 - one bad page must not fail its document
+                yield failed_page(doc, index, "render_failed", f"{type(err).__name__}: {err}")
+    finally:
+        with PDFIUM_LOCK:
+            pdf.close()
+
+
+def render_image(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterator[PageImage | PageRow]:
+    with open_image(data, s.max_image_pixels) as img:
+        for index in range(doc.page_count):
+            try:
+                img.seek(index)
+                frame = ImageOps.exif_transpose(img) if index == 0 else img.copy()
+                yield _finish(doc, index, normalise(frame, s.max_side), "", s)
+            except Exception as err:  # noqa: BLE001
+                yield failed_page(doc, index, "render_failed", f"{type(err).__name__}: {err}")
+
+
+def failed_page(doc: DocumentRecord, index: int, reason_code: str, message: str) -> PageRow:
+    return PageRow(doc_sha256=doc.doc_sha256, source_uri=doc.uri, page_index=index, status="failed",
+                   reason_code=reason_code, message=message[:500], route="failed")
+
+
+def render_document(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterator[PageImage | PageRow]:
+    """Every page of the document, one at a time: a PageImage, or a failed PageRow. Pure."""
+    if hashlib.sha256(data).hexdigest() != doc.doc_sha256:
+        for index in range(doc.page_count):
+            yield failed_page(doc, index, "changed_during_run", "the object's bytes changed after intake")
+        return
+    try:
+        pages = render_pdf(doc, data, s) if doc.format == "pdf" else render_image(doc, data, s)
+        yield from pages
+    except PdfPasswordError as err:  # intake checked, but be safe: never crash on one document
+        for index in range(doc.page_count):
+            yield failed_page(doc, index, "encrypted", str(err))
+
+
+class RenderPagesDoFn(beam.DoFn):
+    """DocumentRecord -> PageImage (main) and failed PageRow (tag `failed_pages`)."""
+
+    def __init__(self, settings: RenderSettings) -> None:
+        self.settings = settings
+        self.rendered = Metrics.counter("pagemill", "pages_rendered")
+        self.failed = Metrics.counter("pagemill", "pages_failed_render")
+        self.render_ms = Metrics.distribution("pagemill", "render_ms")
+
+    def process(self, doc: DocumentRecord) -> Iterator[object]:
+        try:
+            data = read_capped(doc.uri, self.settings.max_bytes)
+        except Exception as err:  # noqa: BLE001
+            for index in range(doc.page_count):
+                self.failed.inc()
+                yield beam.pvalue.TaggedOutput(FAILED_PAGES, failed_page(doc, index, "unreadable", str(err)))
+            return
+        start = time.perf_counter()
+        for page in render_document(doc, data, self.settings):
+            now = time.perf_counter()
+            self.render_ms.update(int((now - start) * 1000))
+            if isinstance(page, PageRow):
+                self.failed.inc()
+                yield beam.pvalue.TaggedOutput(FAILED_PAGES, page)
+            else:
+                self.rendered.inc()
+                yield page
+            start = time.perf_counter()  # downstream time is not render time
