@@ -2,17 +2,21 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
 
 from pipelines.options import PagemillOptions
 from schemas.records import PageImage, PageRow
 from transforms.dedup import DUPLICATES, DedupDocuments
+from transforms.engine import EngineSettings
 from transforms.intake import REJECTED, IntakeDoFn, IntakeLimits, ListObjects
 from transforms.outcome import DocumentOutcomes
 from transforms.pages import FAILED_PAGES, RenderPagesDoFn, RenderSettings
 from transforms.write import ProgressDoFn, WriteTables
+
+if TYPE_CHECKING:
+    from transforms.extract import ExtractConfig
 
 
 def intake_limits(o: PagemillOptions) -> IntakeLimits:
@@ -38,7 +42,24 @@ def extract_pages(pages: beam.PCollection, o: PagemillOptions) -> beam.PCollecti
         return pages | "RenderedOnly" >> beam.Map(rendered_only)
     from transforms.extract import ExtractPages  # imports vLLM's handler only when a model is used
 
-    return pages | "Extract" >> ExtractPages(o)
+    return pages | "Extract" >> ExtractPages(engine_settings(o), extract_config(o))
+
+
+def engine_settings(o: PagemillOptions) -> EngineSettings:
+    return EngineSettings(model=o.model, model_revision=o.model_revision, max_model_len=o.max_model_len,
+                          max_num_seqs=o.max_num_seqs, gpu_memory_utilization=o.gpu_memory_utilization,
+                          tensor_parallel_size=o.tensor_parallel_size, limit_mm_per_prompt=o.limit_mm_per_prompt,
+                          kv_cache_gib=o.kv_cache_gib, enforce_eager=o.enforce_eager, in_process=o.engine_in_process)
+
+
+def extract_config(o: PagemillOptions) -> ExtractConfig:
+    from schemas.extraction import load_schema
+    from transforms.budget import load_prices
+
+    return ExtractConfig(schema=load_schema(o.schema), tenant=o.tenant, model_family=o.model_family,
+                         max_model_len=o.max_model_len, max_tokens=o.max_tokens, max_attempts=o.max_attempts,
+                         max_hint_chars=o.max_hint_chars, batch_tokens=o.batch_tokens,
+                         gpu_hourly_usd=o.gpu_hourly_usd, api_price=o.api_price, prices=load_prices())
 
 
 def build_pipeline(p: beam.Pipeline, o: PagemillOptions, run: Mapping[str, Any]) -> None:

@@ -42,12 +42,15 @@ def run_counts(output: str, run_id: str) -> dict[str, Any]:
             "coalesce(sum(output_tokens), 0), coalesce(sum(gpu_seconds), 0), coalesce(sum(cost_usd), 0), "
             "coalesce(sum(api_equivalent_usd), 0), count(*) FILTER (WHERE route = 'model') "
             "FROM ledger WHERE run_id = ?", [run_id]).fetchone()
-        reasons = by("documents", "coalesce(reason_code, '-')")
-        reasons.pop("-", None)
+        rejected = con.execute("SELECT reason_code, count(*) FROM documents WHERE run_id = ? AND outcome = 'rejected' "
+                               "GROUP BY 1 ORDER BY 1", [run_id]).fetchall()
+        page_reasons = con.execute("SELECT reason_code, count(*) FROM pages WHERE run_id = ? AND reason_code IS NOT NULL "
+                                   "GROUP BY 1 ORDER BY 1", [run_id]).fetchall()
         return {
             "documents": sum(by("documents", "outcome").values()),
             "outcomes": by("documents", "outcome"),
-            "reject_reasons": reasons,
+            "reject_reasons": {str(k): int(n) for k, n in rejected},
+            "page_reasons": {str(k): int(n) for k, n in page_reasons},
             "pages": by("pages", "status"),
             "routes": by("ledger", "route"),
             "totals": {

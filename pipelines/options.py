@@ -60,10 +60,11 @@ class PagemillOptions(PipelineOptions):
         _flag(parser, "limit_mm_per_prompt", type=int, default=1, help="images per prompt")
         _flag(parser, "batch_tokens", type=int, default=400_000,
               help="prompt tokens handed to one engine.generate call (large: keep the engine busy)")
-        _flag(parser, "batch_pages", type=int, default=512, help="max pages per engine.generate call")
         _flag(parser, "kv_cache_gib", type=float, default=None,
               help="KV cache size; set it on CPU engines (vLLM otherwise takes most of the RAM)")
         _flag(parser, "enforce_eager", type=_bool, default=False, help="skip CUDA graphs / torch.compile")
+        _flag(parser, "engine_in_process", type=_bool, default=None,
+              help="run vLLM's engine core in the worker process (default: yes on CPU, no on GPU)")
         _flag(parser, "max_hint_chars", type=int, default=4000, help="cap on the text hint in a prompt")
         # Cost.
         _flag(parser, "gpu_hourly_usd", type=float, default=2.50)

@@ -113,3 +113,45 @@ class PageRow:
     gpu_seconds: float = 0.0
     cost_usd: float = 0.0
     api_equivalent_usd: float = 0.0
+
+
+@dataclass(frozen=True)
+class PageRef:
+    """Another place where an identical page (same cache key) appears: it gets the same extraction."""
+
+    doc_sha256: str
+    source_uri: str
+    page_index: int
+    page_hash: str
+    width: int
+    height: int
+    hint_source: str
+
+
+@dataclass(frozen=True)
+class PageTask:
+    """One extraction request: a representative page, its prompt hint, and the pages that share its key."""
+
+    page: PageImage
+    cache_key: str
+    hint: str
+    estimated_tokens: int
+    copies: tuple[PageRef, ...] = ()
+
+
+@dataclass(frozen=True)
+class ExtractionResult:
+    """What the engine made of one PageTask, with the usage the ledger needs."""
+
+    status: str
+    reason_code: str | None = None
+    message: str | None = None
+    extraction: str | None = None
+    validation_errors: tuple[str, ...] = ()
+    image_tokens: int = 0
+    text_tokens: int = 0
+    output_tokens: int = 0
+    attempts: int = 0
+    gpu_seconds: float = 0.0
+    sent_width: int = 0
+    sent_height: int = 0

@@ -67,9 +67,11 @@ def inspect_document(obj: ListedObject, data: bytes, limits: IntakeLimits) -> Do
         return reject(obj, "encrypted", "the PDF is password protected", **known)
     except Image.DecompressionBombError as err:
         return reject(obj, "decompression_bomb", str(err), **known)
-    except UnidentifiedImageError as err:
-        reason = "unsupported_format" if fmt in ("heic", "avif") else "unreadable"
-        return reject(obj, reason, f"{fmt}: {err}", **known)
+    except UnidentifiedImageError:
+        # Pillow's own message names a BytesIO address, which would differ on every run.
+        if fmt in ("heic", "avif"):
+            return reject(obj, "unsupported_format", f"{fmt}: no decoder installed (pillow-heif)", **known)
+        return reject(obj, "unreadable", f"{fmt}: Pillow cannot decode this image", **known)
     except (pdfium.PdfiumError, OSError, ValueError, SyntaxError, EOFError) as err:
         return reject(obj, "unreadable", f"{fmt}: {type(err).__name__}: {err}", **known)
     if pages < 1:

@@ -22,6 +22,7 @@ from transforms.formats import PDFIUM_LOCK, PdfPasswordError, load_pdf, open_ima
 from transforms.intake import read_capped
 
 FAILED_PAGES = "failed_pages"
+MAX_ASPECT = 100  # well inside the 200:1 that Qwen2-VL's processor accepts, after its own rounding
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,19 @@ def normalise(img: Image.Image, max_side: int) -> Image.Image:
         scale = max_side / max(img.size)
         size = (max(1, round(img.width * scale)), max(1, round(img.height * scale)))
         img = img.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
-    return img
+    return pad_to_aspect(img, MAX_ASPECT)
+
+
+def pad_to_aspect(img: Image.Image, max_aspect: float) -> Image.Image:
+    """Pad a thin strip with white: vision encoders refuse extreme aspect ratios (Qwen2-VL: 200:1)."""
+    long, short = max(img.size), min(img.size)
+    need = -(-long // int(max_aspect))  # ceil: the shortest side that keeps the ratio in bounds
+    if short >= need:
+        return img
+    size = (img.width, need) if img.width >= img.height else (need, img.height)
+    padded = Image.new("RGB", size, (255, 255, 255))
+    padded.paste(img, (0, 0))
+    return padded
 
 
 def page_hash(img: Image.Image) -> str:

@@ -1,0 +1,127 @@
+"""Render-stage throughput and memory: the whole pipeline (render-only, DirectRunner) against a bare loop.
+
+Makes one N-page text PDF with docmaker (different text on every page), then
+  1. runs `pagemill run --extract false` on it in a subprocess and reports wall time, pages/s, CPU time and
+     the subprocess's peak RSS (getrusage of children);
+  2. runs the CPU stage functions (transforms.pages.render_document: render + pixel hash + text layer + JPEG
+     encode) over the same bytes in a bare loop in this process, and reports pages/s/core;
+and prints the Beam overhead ratio (bare pages per CPU-second / pipeline pages per CPU-second).
+Prints figures; asserts nothing about time.
+
+    .venv/bin/python benchmarks/bench_render.py [--pages 1000] [--beam-arg=--direct_running_mode=in_memory]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from schemas.records import DocumentRecord, PageImage  # noqa: E402
+from tests import docmaker  # noqa: E402
+from transforms.pages import RenderSettings, render_document  # noqa: E402
+
+WORDS = ("invoice total amount due payment net gross tax freight order quantity unit price supplier customer "
+         "account reference period balance credit debit remittance shipment delivery carrier warehouse").split()
+
+
+def make_pdf(pages: int, seed: int = 0) -> bytes:
+    """`pages` A4 pages of 36 lines each; every page has its own title and its own random words."""
+    rng = random.Random(seed)
+    content = []
+    for i in range(pages):
+        lines = [f"Benchmark document, page {i + 1} of {pages}"]
+        lines += [f"{j:02d} " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 11)))
+                  + f" {rng.randint(1, 99_999) / 100:.2f}" for j in range(1, 36)]
+        content.append(lines)
+    return docmaker.text_pdf(content)
+
+
+def run_pipeline(pdf: Path, output: Path, beam_args: list[str]) -> dict[str, float]:
+    argv = [sys.executable, "-m", "pipelines.cli", "run", "--input", str(pdf), "--output", str(output),
+            "--extract", "false", "--run-id", "bench", "--progress-every-s", "0", *beam_args]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        sys.exit(f"pipeline failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-4000:]}")
+    match = re.search(r"(\d+) pages in ([\d.]+) s", proc.stdout)
+    manifest = json.loads((output / "runs" / "bench.json").read_text())
+    return {
+        "pages": float(manifest["totals"]["pages"]),
+        "rendered": float(manifest["pages"].get("rendered", 0)),
+        "wall_s": wall,  # includes interpreter start and imports
+        "pipeline_s": float(match.group(2)) if match else wall,  # pipeline.run() to finish, as the CLI reports
+        "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        "peak_rss_mib": after.ru_maxrss / 1024,  # Linux: KiB; the largest child so far (only this one)
+    }
+
+
+def run_bare(data: bytes, pages: int, settings: RenderSettings) -> dict[str, float]:
+    doc = DocumentRecord(uri="bench.pdf", size=len(data), doc_sha256=hashlib.sha256(data).hexdigest(),
+                         format="pdf", page_count=pages)
+    count = 0
+    jpeg_bytes = 0
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    for page in render_document(doc, data, settings):
+        if isinstance(page, PageImage):
+            count += 1
+            jpeg_bytes += len(page.image)
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    return {"pages": float(count), "wall_s": wall, "cpu_s": cpu, "kib_per_page": jpeg_bytes / max(count, 1) / 1024}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pages", type=int, default=1000)
+    parser.add_argument("--beam-arg", action="append", default=[], help="extra pipeline flag, e.g. "
+                        "--beam-arg=--direct_running_mode=multi_processing")
+    args = parser.parse_args()
+    # The pipeline's defaults (pipelines/options.py), so both halves do the same work per page.
+    settings = RenderSettings(dpi=150.0, max_side=1288, jpeg_quality=90, max_text_chars=20_000,
+                              max_page_points=14_400.0, max_image_pixels=89_478_485, max_bytes=50 * 2**20)
+
+    t0 = time.perf_counter()
+    data = make_pdf(args.pages)
+    print(f"made a {args.pages}-page PDF ({len(data) / 1024:.0f} KiB) in {time.perf_counter() - t0:.1f} s")
+
+    with tempfile.TemporaryDirectory(prefix="bench-render-") as tmp:
+        pdf = Path(tmp) / "in" / "bench.pdf"
+        pdf.parent.mkdir()
+        pdf.write_bytes(data)
+        beam = run_pipeline(pdf, Path(tmp) / "out", args.beam_arg)
+    bare = run_bare(data, args.pages, settings)
+
+    beam_cores = beam["cpu_s"] / beam["wall_s"]
+    beam_per_cpu = beam["pages"] / beam["cpu_s"]
+    bare_per_cpu = bare["pages"] / bare["cpu_s"]
+    print(f"\npipeline (pagemill run --extract false {' '.join(args.beam_arg)}):")
+    print(f"  {beam['pages']:.0f} pages ({beam['rendered']:.0f} rendered); pipeline {beam['pipeline_s']:.1f} s, "
+          f"process {beam['wall_s']:.1f} s wall, {beam['cpu_s']:.1f} s CPU ({beam_cores:.2f} cores busy)")
+    print(f"  {beam['pages'] / beam['pipeline_s']:.1f} pages/s (pipeline), "
+          f"{beam['pages'] / beam['wall_s']:.1f} pages/s (whole process), "
+          f"{beam_per_cpu:.1f} pages per CPU-second")
+    print(f"  peak RSS {beam['peak_rss_mib']:.0f} MiB")
+    print("\nbare loop (render_document: render + hash + text layer + JPEG q90, one core):")
+    print(f"  {bare['pages']:.0f} pages in {bare['wall_s']:.1f} s wall, {bare['cpu_s']:.1f} s CPU: "
+          f"{bare['pages'] / bare['wall_s']:.1f} pages/s, {bare_per_cpu:.1f} pages/s/core; "
+          f"{bare['kib_per_page']:.0f} KiB a page")
+    print(f"\nBeam overhead ratio: {bare_per_cpu / beam_per_cpu:.2f}x CPU per page "
+          f"(bare pages/s/core / pipeline pages per CPU-second); "
+          f"{(bare['pages'] / bare['wall_s']) / (beam['pages'] / beam['pipeline_s']):.2f}x wall")
+
+
+if __name__ == "__main__":
+    main()

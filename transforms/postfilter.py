@@ -1,0 +1,131 @@
+"""Post-filter: strict parsing and JSON Schema validation of model output.
+
+Constrained decoding should make every finished output valid, but the decoder has had bugs (xgrammar 0.2.8
+let raw control characters through for `maxLength` strings) and an output cut off at `max_tokens` is never
+valid. So the model's text is untrusted input here like any other: parsed strictly, validated in full,
+and turned into data (a reason code and capped error strings) rather than an exception.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from jsonschema import ValidationError, validators
+
+from schemas.extraction import ExtractionSchema
+
+INVALID_JSON = "invalid_json"
+SCHEMA_INVALID = "schema_invalid"
+TRUNCATED = "truncated"
+
+MAX_ERRORS = 20
+MAX_ERROR_CHARS = 300  # messages quote the offending value, which is model output of any length
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    ok: bool
+    value: dict[str, Any] | None  # the parsed object when ok, else None
+    errors: tuple[str, ...]
+    reason_code: str | None  # None when ok; else INVALID_JSON, SCHEMA_INVALID or TRUNCATED
+
+
+class SchemaValidator:
+    """The compiled jsonschema validator for one schema. Build it once (e.g. in DoFn.setup) and reuse it:
+    compiling resolves references and compiles regexes, which costs far more than validating one page."""
+
+    def __init__(self, schema: ExtractionSchema, *, max_errors: int = MAX_ERRORS) -> None:
+        self.schema = schema
+        self.max_errors = max_errors
+        base = validators.validator_for(schema.schema, default=validators.Draft202012Validator)
+        cls = validators.extend(base, {"pattern": _ecma_pattern})
+        # Formats are only annotations unless a checker is given; check them (a "date" must be a date).
+        self._validator = cls(schema.schema, format_checker=base.FORMAT_CHECKER)
+
+    # The extended validator class is made at run time and plain pickle cannot find it by name, so a
+    # pickled SchemaValidator (a Beam DoFn attribute, say) carries only its inputs and compiles again.
+    def __getstate__(self) -> dict[str, Any]:
+        return {"schema": self.schema, "max_errors": self.max_errors}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["schema"], max_errors=state["max_errors"])  # type: ignore[misc]
+
+    def parse_and_validate(self, text: str, finish_reason: str | None) -> ValidationResult:
+        try:
+            value = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
+        except (ValueError, RecursionError) as e:
+            # Cut off at max_tokens: say so, since the fix (a larger limit) differs from that for bad JSON.
+            code = TRUNCATED if finish_reason == "length" else INVALID_JSON
+            return ValidationResult(False, None, (_cap(_json_error(e)),), code)
+        # From here the text parsed, so the document was complete even if finish_reason is "length"
+        # (json.loads rejects any prefix of an object or array): its validity alone decides.
+        # Sorted so that the same output always gives the same error strings (they are stored and diffed).
+        errors = sorted(self._validator.iter_errors(value), key=lambda e: (_pointer(e), e.message))
+        if errors:
+            shown = tuple(_cap(f"{_pointer(e)}: {e.message}") for e in errors[: self.max_errors])
+            if len(errors) > self.max_errors:
+                shown += (f"... and {len(errors) - self.max_errors} more",)
+            return ValidationResult(False, None, shown, SCHEMA_INVALID)
+        if not isinstance(value, dict):  # the pipeline stores objects; a schema could allow other values
+            return ValidationResult(False, None, ("/: not a JSON object",), SCHEMA_INVALID)
+        return ValidationResult(True, value, (), None)
+
+
+def parse_and_validate(
+    text: str, schema: ExtractionSchema, finish_reason: str | None, validator: SchemaValidator | None = None
+) -> ValidationResult:
+    """Parse and validate one model output. Pass a `validator` built once for `schema` when validating
+    many outputs; without one, a validator is compiled for this call alone."""
+    if validator is None:
+        validator = SchemaValidator(schema)
+    elif validator.schema.schema_hash != schema.schema_hash:
+        built_for = validator.schema.schema_id
+        raise ValueError(f"the validator was built for schema {built_for!r}, not {schema.schema_id!r}")
+    return validator.parse_and_validate(text, finish_reason)
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # json.loads keeps the last of duplicate keys; the text would then mean different things to different
+    # readers, so it is not accepted.
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"duplicate key {dup!r}")
+    return out
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")  # json.loads accepts NaN and Infinity unless told not to
+
+
+def _json_error(e: BaseException) -> str:
+    if isinstance(e, json.JSONDecodeError):
+        return f"not valid JSON: {e.msg} (line {e.lineno} column {e.colno}, char {e.pos})"
+    if isinstance(e, RecursionError):
+        return "not valid JSON: nested too deeply"
+    return f"not valid JSON: {e}"
+
+
+def _pointer(error: ValidationError) -> str:
+    return "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1") for p in error.absolute_path)
+
+
+def _cap(message: str) -> str:
+    return message if len(message) <= MAX_ERROR_CHARS else message[: MAX_ERROR_CHARS - 3] + "..."
+
+
+def _ecma_pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    # JSON Schema patterns follow ECMA-262, where a final `$` matches only at the very end. Python's `$`
+    # also matches before a trailing newline, so "ABC\n" would pass ^[A-Z]{3}$; `\Z` is ECMA's `$`.
+    if not validator.is_type(instance, "string"):
+        return
+    backslashes = len(pattern[:-1]) - len(pattern[:-1].rstrip("\\"))
+    if pattern.endswith("$") and backslashes % 2 == 0:
+        pattern = pattern[:-1] + r"\Z"
+    if not re.search(pattern, instance):
+        yield ValidationError(f"{instance!r} does not match {schema['pattern']!r}")
