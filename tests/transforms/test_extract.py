@@ -37,7 +37,7 @@ def pages_of(data: bytes, uri: str) -> list[PageImage]:
     return [p for p in render_document(doc, data, SETTINGS) if isinstance(p, PageImage)]
 
 
-def tasks_for(pages: list[PageImage], engine_settings, cfg: ExtractConfig) -> list[PageTask]:  # noqa: ANN001
+def tasks_for(pages: list[PageImage], engine_settings, cfg: ExtractConfig) -> list[PageTask]:
     return [make_task(p, engine_settings, cfg)[1] for p in pages]
 
 
@@ -49,7 +49,7 @@ def odd_page(width: int, height: int, uri: str) -> PageImage:
                      width=width, height=height)
 
 
-def test_cache_key_depends_on_tenant_schema_and_page(engine_settings) -> None:  # noqa: ANN001
+def test_cache_key_depends_on_tenant_schema_and_page(engine_settings) -> None:
     page = pages_of(docmaker.invoice_pdf(), "a.pdf")[0]
     key = make_task(page, engine_settings, config())[0]
     assert make_task(page, engine_settings, config(tenant="t2"))[0] != key
@@ -58,7 +58,7 @@ def test_cache_key_depends_on_tenant_schema_and_page(engine_settings) -> None:  
     assert make_task(replace(page, source_uri="b.pdf"), engine_settings, config())[0] == key
 
 
-def test_merge_copies_extracts_the_smallest_uri(engine_settings) -> None:  # noqa: ANN001
+def test_merge_copies_extracts_the_smallest_uri(engine_settings) -> None:
     page = pages_of(docmaker.invoice_pdf(), "a.pdf")[0]
     tasks = [make_task(replace(page, source_uri=u), engine_settings, config())[1] for u in ("c.pdf", "a.pdf", "b.pdf")]
     merged = merge_copies(("k", tasks))
@@ -67,7 +67,7 @@ def test_merge_copies_extracts_the_smallest_uri(engine_settings) -> None:  # noq
 
 
 @pytest.mark.vllm
-def test_batch_gives_schema_valid_json_with_engine_usage(engine, engine_settings) -> None:  # noqa: ANN001
+def test_batch_gives_schema_valid_json_with_engine_usage(engine, engine_settings) -> None:
     cfg = config()
     pages = pages_of(docmaker.invoice_pdf(), "inv.pdf") + pages_of(docmaker.multipage_pdf(3), "multi.pdf")
     tasks = tasks_for(pages, engine_settings, cfg)
@@ -83,7 +83,7 @@ def test_batch_gives_schema_valid_json_with_engine_usage(engine, engine_settings
 
 
 @pytest.mark.vllm
-def test_prompt_over_max_model_len_is_resized_or_rejected(engine, engine_settings) -> None:  # noqa: ANN001
+def test_prompt_over_max_model_len_is_resized_or_rejected(engine, engine_settings) -> None:
     page = pages_of(docmaker.invoice_pdf(), "inv.pdf")[0]
     full = budget.estimate_image_tokens("qwen2_vl", page.width, page.height)
     probe = extract_batch(engine, tasks_for([page], engine_settings, config()), config(),
@@ -106,7 +106,7 @@ class FaultyEngine(Engine):
 
     poison_width = 333
 
-    def generate(self, requests, params):  # noqa: ANN001, ANN201
+    def generate(self, requests, params):
         if any(r["multi_modal_data"]["image"].width == self.poison_width for r in requests):
             raise ValueError("request rejected by the engine (injected)")
         return super().generate(requests, params)
@@ -120,7 +120,7 @@ def borrow(cls: type[Engine], engine: Engine) -> Engine:
 
 
 @pytest.mark.vllm
-def test_engine_error_on_one_request_spares_the_batch(engine, engine_settings) -> None:  # noqa: ANN001
+def test_engine_error_on_one_request_spares_the_batch(engine, engine_settings) -> None:
     cfg = config()
     good = pages_of(docmaker.invoice_pdf(), "inv.pdf")
     tasks = tasks_for([good[0], odd_page(FaultyEngine.poison_width, 400, "poison.png")], engine_settings, cfg)
@@ -133,7 +133,7 @@ def test_engine_error_on_one_request_spares_the_batch(engine, engine_settings) -
 
 
 @pytest.mark.vllm
-def test_truncated_output_is_retried_then_invalid(engine, engine_settings) -> None:  # noqa: ANN001
+def test_truncated_output_is_retried_then_invalid(engine, engine_settings) -> None:
     cfg = config(max_tokens=6, max_attempts=2)
     tasks = tasks_for(pages_of(docmaker.invoice_pdf(), "inv.pdf"), engine_settings, cfg)
     (r,) = extract_batch(engine, tasks, cfg, SchemaValidator(cfg.schema))
@@ -146,7 +146,7 @@ class DyingEngine(Engine):
 
     died = False
 
-    def generate(self, requests, params):  # noqa: ANN001, ANN201
+    def generate(self, requests, params):
         if not DyingEngine.died:
             DyingEngine.died = True
             raise RuntimeError("EngineCore died unexpectedly")
@@ -154,7 +154,7 @@ class DyingEngine(Engine):
 
 
 @pytest.mark.vllm
-def test_dead_engine_is_recreated_and_batch_retried(engine, engine_settings) -> None:  # noqa: ANN001
+def test_dead_engine_is_recreated_and_batch_retried(engine, engine_settings) -> None:
     cfg = config()
     dying = borrow(DyingEngine, engine)
     starts = engine.starts
@@ -164,7 +164,7 @@ def test_dead_engine_is_recreated_and_batch_retried(engine, engine_settings) -> 
     assert dying.starts == starts + 1
 
 
-def test_rows_fan_out_to_copies_at_zero_cost(engine_settings) -> None:  # noqa: ANN001
+def test_rows_fan_out_to_copies_at_zero_cost(engine_settings) -> None:
     cfg = config()
     page = pages_of(docmaker.invoice_pdf(), "a.pdf")[0]
     tasks = [make_task(replace(page, source_uri=u, doc_sha256=u * 32), engine_settings, cfg)[1] for u in "ab"]
@@ -178,7 +178,7 @@ def test_rows_fan_out_to_copies_at_zero_cost(engine_settings) -> None:  # noqa: 
     assert first.api_equivalent_usd > 0 and copy.api_equivalent_usd == 0
 
 
-def test_cpu_engine_arguments_cap_memory_and_avoid_chunked_prefill(engine_settings) -> None:  # noqa: ANN001
+def test_cpu_engine_arguments_cap_memory_and_avoid_chunked_prefill(engine_settings) -> None:
     cpu = engine_kwargs(engine_settings, cpu=True)
     assert cpu["kv_cache_memory_bytes"] == int(0.25 * 2**30)
     assert cpu["max_num_batched_tokens"] == cpu["max_model_len"] * cpu["max_num_seqs"]
