@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import apache_beam as beam
 
@@ -10,13 +10,11 @@ from pipelines.options import PagemillOptions
 from schemas.records import PageImage, PageRow
 from transforms.dedup import DUPLICATES, DedupDocuments
 from transforms.engine import EngineSettings
+from transforms.extract import ExtractConfig, ExtractPages  # vLLM itself is imported by the worker only
 from transforms.intake import REJECTED, IntakeDoFn, IntakeLimits, ListObjects
 from transforms.outcome import DocumentOutcomes
 from transforms.pages import FAILED_PAGES, RenderPagesDoFn, RenderSettings
 from transforms.write import ProgressDoFn, WriteTables
-
-if TYPE_CHECKING:
-    from transforms.extract import ExtractConfig
 
 
 def intake_limits(o: PagemillOptions) -> IntakeLimits:
@@ -40,8 +38,6 @@ def extract_pages(pages: beam.PCollection, o: PagemillOptions) -> beam.PCollecti
     """PageImage -> PageRow. The model stage plugs in here."""
     if not o.extract:
         return pages | "RenderedOnly" >> beam.Map(rendered_only)
-    from transforms.extract import ExtractPages  # imports vLLM's handler only when a model is used
-
     return pages | "Extract" >> ExtractPages(engine_settings(o), extract_config(o))
 
 

@@ -26,7 +26,7 @@ def rows(output: Path, query: str) -> list[dict]:
 def extracted(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path) -> Path:
     inputs = tmp_path_factory.mktemp("inputs")
     (inputs / "invoice.pdf").write_bytes(docmaker.invoice_pdf())
-    (inputs / "invoice-copy.pdf").write_bytes(docmaker.invoice_pdf())
+    (inputs / "zz-invoice-copy.pdf").write_bytes(docmaker.invoice_pdf())
     # Two different documents whose last page is the same terms page: extracted once.
     (inputs / "report-a.pdf").write_bytes(docmaker.multipage_pdf(2, terms_page=True))
     (inputs / "report-b.pdf").write_bytes(docmaker.text_pdf([["Another report", "Different first page"],
@@ -55,7 +55,7 @@ def test_every_extraction_validates_against_the_invoice_schema(extracted: Path) 
 def test_documents_outcomes(extracted: Path) -> None:
     docs = {Path(d["source_uri"]).name: d for d in rows(extracted, "SELECT * FROM documents")}
     assert len(docs) == 6
-    assert docs["invoice-copy.pdf"]["outcome"] == "duplicate"
+    assert docs["zz-invoice-copy.pdf"]["outcome"] == "duplicate"
     assert docs["corrupt.pdf"]["outcome"] == "rejected"
     for name in ("invoice.pdf", "report-a.pdf", "report-b.pdf", "scan.png"):
         assert docs[name]["outcome"] == "extracted", docs[name]
