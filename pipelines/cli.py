@@ -130,14 +130,18 @@ def summary(counts: dict[str, Any], wall: float, output: str, manifest_uri: str)
 
 def sql_command(argv: Sequence[str]) -> int:
     from pipelines import sql
+    from pipelines.storage import add_storage_args, configure, storage_from
 
     parser = argparse.ArgumentParser(prog="pagemill sql")
     parser.add_argument("--output", required=True, help="output root that `pagemill run` wrote")
     parser.add_argument("--format", choices=("table", "csv", "json"), default="table")
     parser.add_argument("query")
+    add_storage_args(parser)
     args = parser.parse_args(argv)
+    storage = storage_from(vars(args))
+    configure(storage)
     try:
-        columns, rows = sql.query(args.output, args.query)
+        columns, rows = sql.query(args.output, args.query, storage)
     except Exception as err:  # noqa: BLE001 - DuckDB's message is the useful part
         print(f"pagemill sql: {err}", file=sys.stderr)
         return 1
