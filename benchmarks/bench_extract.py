@@ -22,6 +22,7 @@ Prints figures; asserts nothing about time. With --json the last stdout line is 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import math
@@ -30,7 +31,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +98,7 @@ class TimedEngine(Engine):
         gc.collect()
 
 
-@dataclass
+@dataclasses.dataclass
 class Figures:
     pages: int = 0
     ok: int = 0
@@ -109,7 +109,7 @@ class Figures:
     text_tokens: int = 0
     output_tokens: int = 0
     api_usd: float = 0.0
-    reasons: dict[str, int] = field(default_factory=dict)
+    reasons: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -194,6 +194,13 @@ def collect_tasks(pages: Iterator[PageImage], want: int, engine: EngineSettings,
     return list(tasks.values())
 
 
+def extract_config(**values: Any) -> ExtractConfig:
+    """ExtractConfig from the values it declares: its fields have been changing (model, model_revision and
+    render_key joined it for the cache configuration key); a value it does not declare is left out."""
+    declared = {f.name for f in dataclasses.fields(ExtractConfig)}
+    return ExtractConfig(**{k: v for k, v in values.items() if k in declared})
+
+
 def device_name(cpu: bool) -> str:
     if cpu:
         return f"cpu ({os.cpu_count()} cores)"
@@ -231,10 +238,12 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs or (16 if cpu else 256),
         gpu_memory_utilization=args.gpu_memory_utilization, tensor_parallel_size=args.tensor_parallel_size,
         limit_mm_per_prompt=1, kv_cache_gib=kv_cache_gib, enforce_eager=args.enforce_eager)
-    cfg = ExtractConfig(schema=load_schema(args.schema), tenant="bench", model_family=args.model_family,
-                        max_model_len=args.max_model_len, max_tokens=args.max_tokens, max_attempts=args.max_attempts,
-                        max_hint_chars=args.max_hint_chars, batch_tokens=400_000, gpu_hourly_usd=args.gpu_hourly_usd,
-                        api_price=args.api_price, prices=budget.load_prices())
+    cfg = extract_config(schema=load_schema(args.schema), tenant="bench", model=model,
+                         model_revision=settings.model_revision,
+                         render_key=f"dpi={args.dpi};max_side={args.max_side};jpeg=90",
+                         model_family=args.model_family, max_model_len=args.max_model_len, max_tokens=args.max_tokens,
+                         max_attempts=args.max_attempts, max_hint_chars=args.max_hint_chars, batch_tokens=400_000,
+                         gpu_hourly_usd=args.gpu_hourly_usd, api_price=args.api_price, prices=budget.load_prices())
     render = RenderSettings(dpi=args.dpi, max_side=args.max_side, jpeg_quality=90, max_text_chars=20_000,
                             max_page_points=14_400.0, max_image_pixels=LIMITS.max_image_pixels, max_bytes=MAX_BYTES)
 

@@ -38,55 +38,119 @@ def run_command(argv: Sequence[str]) -> int:
     from pipelines.extract import build_pipeline
     from pipelines.manifest import build_manifest, run_counts, write_manifest
     from pipelines.options import PagemillOptions, merge_flags, new_run_id
-    from transforms.write import clear_run
+    from pipelines.preflight import preflight
+    from pipelines.storage import add_storage_args, configure, storage_from
+    from transforms.write import clear_run, compact_run, run_files
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--job", default=None)
+    add_storage_args(pre)
     known, rest = pre.parse_known_args(argv)
     try:
         flags = merge_flags(rest, known.job)
     except (OSError, ValueError) as err:
         print(f"pagemill: cannot read job file {known.job}: {err}", file=sys.stderr)
         return 2
-    options = PagemillOptions(flags)
+    given = {k: v for k, v in vars(known).items() if v}
+    storage = storage_from({**PagemillOptions(flags).get_all_options(), **given})
+    options = PagemillOptions(flags + storage.beam_flags())
     o = options.view_as(PagemillOptions)
     if not o.input or not o.output:
         print("pagemill run: --input and --output are required (or a --job file that sets them)", file=sys.stderr)
         return 2
-    problem = preflight(o)
-    if problem:
-        print(f"pagemill run: {problem}", file=sys.stderr)
+    configure(storage)
+    problems = preflight(o.input, o.output, storage) + check_options(o)
+    if problems:
+        for problem in problems:
+            print(f"pagemill run: {problem}", file=sys.stderr)
         return 2
     o.run_id = o.run_id or new_run_id()
+    from apache_beam.options.pipeline_options import GoogleCloudOptions
+
+    since, until = listing_window(o, options.view_as(GoogleCloudOptions).job_name, storage)
+    if o.force:
+        clear_run(o.output, o.run_id)
+    done_files = run_files(o.output, "documents", o.run_id)
+    resumed = bool(done_files or run_files(o.output, "pages", o.run_id))
+    earlier_files = [] if o.force else page_files(o.output)
     started = dt.datetime.now(dt.UTC)
     run = {"run_id": o.run_id, "tenant": o.tenant, "created_at": started}
-    clear_run(o.output, o.run_id)
-    print(f"pagemill: run {o.run_id}: reading {', '.join(o.input)}", file=sys.stderr, flush=True)
+    verb = "resuming" if resumed else "reading"
+    print(f"pagemill: run {o.run_id}: {verb} {', '.join(o.input)}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     pipeline = beam.Pipeline(options=options)
-    build_pipeline(pipeline, o, run)
+    build_pipeline(pipeline, o, run, earlier_files, done_files, since, until)
     result = pipeline.run()
     result.wait_until_finish()
+    if resumed:
+        compact_run(o.output, o.run_id)
     wall = time.perf_counter() - t0
-    counts = run_counts(o.output, o.run_id)
+    counts = run_counts(o.output, o.run_id, storage)
     manifest = build_manifest(o.run_id, _public_options(options), counts, stage_metrics(result),
                               started, dt.datetime.now(dt.UTC))
+    manifest["resumed"] = resumed
     uri = write_manifest(o.output, o.run_id, manifest)
     print(summary(counts, wall, o.output, uri))
     return 0
 
 
-def preflight(o: Any) -> str | None:
-    """Checks that save a user from a pipeline that would fail late: a bad schema, a missing model."""
-    if not o.extract:
+def page_files(output: str) -> list[str]:
+    """Every finished `pages` file under the output root: the result cache's source."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from transforms.write import join_uri
+
+    pattern = join_uri(output, "pages", "run_id=*", "*.parquet")
+    try:
+        return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+    except Exception:  # noqa: BLE001 - no output yet
+        return []
+
+
+def listing_window(o: Any, job_name: str | None, storage: Any) -> tuple[float | None, float | None]:
+    """--modified-since/--modified-until, or --since-last-run: the start of the last finished run
+    of this job name and tenant (objects modified after its listing began)."""
+    since = _epoch(o.modified_since)
+    until = _epoch(o.modified_until)
+    if o.since_last_run:
+        from pipelines import sql
+
+        query = ("SELECT max(started_at) FROM runs WHERE tenant = ? AND "
+                 "coalesce(json_extract_string(manifest, '$.options.job_name'), '') = ?")
+        con = sql.connect(o.output, storage)
+        try:
+            (last,) = con.execute(query, [o.tenant, job_name or ""]).fetchone()
+        finally:
+            con.close()
+        if last:
+            since = max(since or 0.0, dt.datetime.fromisoformat(last).timestamp())
+    return since, until
+
+
+def _epoch(text: str | None) -> float | None:
+    if not text:
         return None
+    value = dt.datetime.fromisoformat(text)
+    return (value if value.tzinfo else value.replace(tzinfo=dt.UTC)).timestamp()
+
+
+def check_options(o: Any) -> list[str]:
+    """Checks that save a user from a pipeline that would fail late: a bad schema, a bad time."""
+    problems = []
+    for name in ("modified_since", "modified_until"):
+        try:
+            _epoch(getattr(o, name))
+        except ValueError:
+            problems.append(f"--{name.replace('_', '-')} {getattr(o, name)!r} is not an ISO time")
+    if not o.extract:
+        return problems
     from schemas.extraction import SchemaError, load_schema
 
     try:
         load_schema(o.schema)
     except (SchemaError, OSError) as err:
-        return f"--schema {o.schema}: {err}"
-    return None
+        problems.append(f"--schema {o.schema}: {err}")
+    return problems
 
 
 def _public_options(options: Any) -> dict[str, Any]:

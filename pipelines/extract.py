@@ -1,13 +1,14 @@
 """build_pipeline(p, opts, run): the graph of DESIGN.md, stage by stage, and nothing else."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import apache_beam as beam
 
 from pipelines.options import PagemillOptions
 from schemas.records import PageImage, PageRow
+from transforms.cache import CACHED, ReadEarlierPages, SkipCachedDocuments, SkipDoneDocuments
 from transforms.dedup import DUPLICATES, DedupDocuments
 from transforms.engine import EngineSettings
 from transforms.extract import ExtractConfig, ExtractPages  # vLLM itself is imported by the worker only
@@ -34,11 +35,11 @@ def rendered_only(page: PageImage) -> PageRow:
                    hint_source=page.hint_source, route="none")
 
 
-def extract_pages(pages: beam.PCollection, o: PagemillOptions) -> beam.PCollection:
+def extract_pages(pages: beam.PCollection, o: PagemillOptions, earlier: beam.PCollection) -> beam.PCollection:
     """PageImage -> PageRow. The model stage plugs in here."""
     if not o.extract:
         return pages | "RenderedOnly" >> beam.Map(rendered_only)
-    return pages | "Extract" >> ExtractPages(engine_settings(o), extract_config(o))
+    return pages | "Extract" >> ExtractPages(engine_settings(o), extract_config(o), earlier=earlier)
 
 
 def engine_settings(o: PagemillOptions) -> EngineSettings:
@@ -52,22 +53,44 @@ def extract_config(o: PagemillOptions) -> ExtractConfig:
     from schemas.extraction import load_schema
     from transforms.budget import load_prices
 
-    return ExtractConfig(schema=load_schema(o.schema), tenant=o.tenant, model_family=o.model_family,
+    return ExtractConfig(schema=load_schema(o.schema), tenant=o.tenant, model=o.model, model_revision=o.model_revision,
+                         render_key=render_key(o), model_family=o.model_family,
                          max_model_len=o.max_model_len, max_tokens=o.max_tokens, max_attempts=o.max_attempts,
                          max_hint_chars=o.max_hint_chars, batch_tokens=o.batch_tokens,
                          gpu_hourly_usd=o.gpu_hourly_usd, api_price=o.api_price, prices=load_prices())
 
 
-def build_pipeline(p: beam.Pipeline, o: PagemillOptions, run: Mapping[str, Any]) -> None:
-    listed = p | "List" >> ListObjects(o.input)
+def render_key(o: PagemillOptions) -> str:
+    """The settings that change a page's pixels (so its page hash) are part of the cache configuration."""
+    return f"dpi={o.dpi};max_side={o.max_side};jpeg={o.jpeg_quality}"
+
+
+def build_pipeline(p: beam.Pipeline, o: PagemillOptions, run: Mapping[str, Any],
+                   earlier_files: Sequence[str] = (), done_files: Sequence[str] = (),
+                   modified_since: float | None = None, modified_until: float | None = None) -> None:
+    """`earlier_files`: `pages` files under the output root (the result cache; empty with --force);
+    `done_files`: this run id's `documents` files when resuming."""
+    listed = (
+        p
+        | "List" >> ListObjects(o.input, modified_since, modified_until)
+        | "SkipDone" >> SkipDoneDocuments(list(done_files))
+    )
     intake = listed | "Intake" >> beam.ParDo(IntakeDoFn(intake_limits(o))).with_outputs(REJECTED, main="accepted")
     dedup = intake.accepted | "DedupDocuments" >> DedupDocuments()
+    to_render, cached = dedup.kept, None
+    earlier = p | "NoEarlier" >> beam.Create([])
+    if o.extract and earlier_files:
+        cfg = extract_config(o)
+        earlier = p | "EarlierPages" >> ReadEarlierPages(list(earlier_files), o.tenant, cfg.config_key)
+        split = dedup.kept | "DocumentCache" >> SkipCachedDocuments(earlier)
+        to_render, cached = split.render, split[CACHED]
     rendered = (
-        dedup.kept
+        to_render
         | "RenderPages" >> beam.ParDo(RenderPagesDoFn(render_settings(o))).with_outputs(FAILED_PAGES, main="pages")
     )
-    extracted = extract_pages(rendered.pages, o)
-    pages = (extracted, rendered[FAILED_PAGES]) | "AllPages" >> beam.Flatten()
+    extracted = extract_pages(rendered.pages, o, earlier)
+    parts = (extracted, rendered[FAILED_PAGES]) + ((cached,) if cached is not None else ())
+    pages = parts | "AllPages" >> beam.Flatten()
     kept = pages | "Outcomes" >> DocumentOutcomes(dedup.kept)
     documents = (intake[REJECTED], dedup[DUPLICATES], kept) | "AllDocuments" >> beam.Flatten()
     _ = documents | "Write" >> WriteTables(o.output, run, pages)

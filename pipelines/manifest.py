@@ -28,9 +28,9 @@ def versions() -> dict[str, str]:
     return found
 
 
-def run_counts(output: str, run_id: str) -> dict[str, Any]:
+def run_counts(output: str, run_id: str, storage: Any = None) -> dict[str, Any]:
     """Counts and totals of one run, from its Parquet tables."""
-    con = sql.connect(output)
+    con = sql.connect(output, storage)
     try:
         def by(table: str, column: str) -> dict[str, int]:
             rows = con.execute(f"SELECT {column}, count(*) FROM {table} WHERE run_id = ? GROUP BY 1 ORDER BY 1",

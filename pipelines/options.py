@@ -32,6 +32,12 @@ class PagemillOptions(PipelineOptions):
         _flag(parser, "output", default=None, help="output root (folder or URI)")
         _flag(parser, "run_id", default=None, help="run id (default: UTC time + random suffix)")
         _flag(parser, "tenant", default="default", help="tenant name; tenants never share cache entries")
+        _flag(parser, "force", type=_bool, default=False,
+              help="recompute: ignore the result cache, and start an existing run id afresh")
+        _flag(parser, "modified_since", default=None, help="only objects modified at or after (ISO time)")
+        _flag(parser, "modified_until", default=None, help="only objects modified before (ISO time)")
+        _flag(parser, "since_last_run", type=_bool, default=False,
+              help="only objects modified since the last finished run of this --job_name (Beam's) and tenant")
         # Intake limits.
         _flag(parser, "max_bytes", type=int, default=50 * 2**20, help="reject objects larger than this")
         _flag(parser, "max_pages", type=int, default=5000, help="reject documents with more pages")

@@ -93,6 +93,7 @@ class PageRow:
     status: str
     page_hash: str | None = None
     cache_key: str | None = None
+    config_key: str | None = None
     reason_code: str | None = None
     message: str | None = None
     width: int | None = None

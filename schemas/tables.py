@@ -34,6 +34,7 @@ PAGES = pa.schema([
     ("page_index", pa.int64()),
     ("page_hash", pa.string()),
     ("cache_key", pa.string()),
+    ("config_key", pa.string()),
     ("status", pa.string()),
     ("reason_code", pa.string()),
     ("message", pa.string()),

@@ -97,12 +97,24 @@ class Engine:
         self.starts += 1
         log.info("vLLM engine started in %.1f s (cpu=%s, start #%d)", time.perf_counter() - t0, cpu, self.starts)
 
-    def restart(self) -> None:
-        log.warning("re-creating the vLLM engine after an error")
-        self.llm = None
+    def close(self) -> None:
+        """Shut the engine down; on a GPU its engine process must free its memory before a new one
+        can start (vLLM refuses to start below --gpu-memory-utilization of free memory)."""
+        llm, self.llm = self.llm, None
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            try:
+                core.shutdown()
+            except Exception as err:  # noqa: BLE001 - a dead engine may fail to shut down: that is fine
+                log.warning("engine shutdown: %s: %s", type(err).__name__, err)
+        del llm
         import gc
 
         gc.collect()
+
+    def restart(self) -> None:
+        log.warning("re-creating the vLLM engine after an error")
+        self.close()
         self.start()
 
     def tokenizer(self) -> Any:

@@ -20,9 +20,10 @@ from PIL import Image
 from schemas.extraction import ExtractionSchema
 from schemas.records import ExtractionResult, PageImage, PageRef, PageRow, PageTask
 from transforms import budget
+from transforms.cache import CACHED, cached_row
 from transforms.engine import Engine, EngineSettings
 from transforms.postfilter import SchemaValidator
-from transforms.prompt import DecodingParams, cache_key, chat_messages, clean_hint
+from transforms.prompt import DecodingParams, cache_key, chat_messages, clean_hint, config_key
 
 log = logging.getLogger(__name__)
 INVALID_REASONS = ("invalid_json", "schema_invalid", "truncated")
@@ -32,6 +33,9 @@ INVALID_REASONS = ("invalid_json", "schema_invalid", "truncated")
 class ExtractConfig:
     schema: ExtractionSchema
     tenant: str
+    model: str
+    model_revision: str | None
+    render_key: str
     model_family: str
     max_model_len: int
     max_tokens: int
@@ -45,6 +49,11 @@ class ExtractConfig:
     @property
     def decoding(self) -> DecodingParams:
         return DecodingParams(max_tokens=self.max_tokens)
+
+    @property
+    def config_key(self) -> str:
+        return config_key(self.model, self.model_revision, self.schema.schema_id, self.schema.schema_hash,
+                          self.decoding, self.tenant, self.render_key)
 
 
 @dataclass
@@ -65,8 +74,7 @@ class _Request:
 def make_task(page: PageImage, engine: EngineSettings, cfg: ExtractConfig) -> tuple[str, PageTask]:
     """Key a page by everything that can change its extraction. Pure."""
     hint = clean_hint(page.text_layer, cfg.max_hint_chars) if page.text_layer.strip() else ""
-    key = cache_key(page.page_hash, engine.model, engine.model_revision, cfg.schema.schema_id,
-                    cfg.schema.schema_hash, cfg.decoding, cfg.tenant, hint)
+    key = cache_key(page.page_hash, cfg.config_key, hint)
     tokens = budget.estimate_image_tokens(cfg.model_family, page.width, page.height)
     tokens += budget.text_tokens_estimate(hint) + cfg.max_tokens
     return key, PageTask(page=page, cache_key=key, hint=hint, estimated_tokens=tokens)
@@ -228,7 +236,8 @@ def to_rows(result: PredictionResult, engine: EngineSettings, cfg: ExtractConfig
     page = task.page
     gpt_tokens = budget.estimate_image_tokens("gpt-4o", r.sent_width or page.width, r.sent_height or page.height)
     api_usd = budget.api_cost_usd(cfg.api_price, gpt_tokens + r.text_tokens, r.output_tokens, cfg.prices)
-    common = {"cache_key": task.cache_key, "schema_id": cfg.schema.schema_id, "schema_hash": cfg.schema.schema_hash,
+    common = {"cache_key": task.cache_key, "config_key": cfg.config_key, "schema_id": cfg.schema.schema_id,
+              "schema_hash": cfg.schema.schema_hash,
               "model": engine.model, "model_revision": engine.model_revision, "extraction": r.extraction,
               "validation_errors": r.validation_errors, "reason_code": r.reason_code, "message": r.message}
     yield PageRow(doc_sha256=page.doc_sha256, source_uri=page.source_uri, page_index=page.page_index,
@@ -244,23 +253,47 @@ def to_rows(result: PredictionResult, engine: EngineSettings, cfg: ExtractConfig
                       hint_source=ref.hint_source, route="duplicate", **common)
 
 
+class _CacheOrModel(beam.DoFn):
+    """Pages that share a cache key: reused from an earlier run if it has the key, else one task."""
+
+    def process(self, keyed: tuple[str, dict[str, Iterable[Any]]]) -> Iterator[Any]:
+        key, grouped = keyed
+        tasks = list(grouped["tasks"])
+        if not tasks:
+            return
+        earlier = max(grouped["earlier"], key=lambda r: r["created_at"], default=None)
+        if earlier is None:
+            yield merge_copies((key, tasks))
+            return
+        for t in tasks:
+            yield beam.pvalue.TaggedOutput(CACHED, cached_row(earlier, t.page.doc_sha256, t.page.source_uri,
+                                                              t.page.page_index))
+
+
 class ExtractPages(beam.PTransform):
-    """PageImage -> PageRow through the engine, once per cache key."""
+    """PageImage -> PageRow: reused from earlier runs by cache key, else through the engine once per key."""
 
     def __init__(self, engine: EngineSettings, cfg: ExtractConfig,
-                 engine_factory: Callable[[EngineSettings], Engine] = Engine) -> None:
+                 engine_factory: Callable[[EngineSettings], Engine] = Engine,
+                 earlier: beam.PCollection | None = None) -> None:
         super().__init__()
         self.engine = engine
         self.cfg = cfg
         self.engine_factory = engine_factory
+        self.earlier = earlier
 
     def expand(self, pages: beam.PCollection) -> beam.PCollection:
         engine, cfg = self.engine, self.cfg
-        return (
-            pages
-            | "CacheKey" >> beam.Map(make_task, engine, cfg)
-            | "ByCacheKey" >> beam.GroupByKey()
-            | "OncePerKey" >> beam.Map(merge_copies)
+        earlier = self.earlier if self.earlier is not None else pages.pipeline | "NoEarlier" >> beam.Create([])
+        split = (
+            {"tasks": pages | "CacheKey" >> beam.Map(make_task, engine, cfg),
+             "earlier": earlier | "EarlierByKey" >> beam.Map(lambda r: (r["cache_key"], r))}
+            | "ByCacheKey" >> beam.CoGroupByKey()
+            | "CacheOrModel" >> beam.ParDo(_CacheOrModel()).with_outputs(CACHED, main="model")
+        )
+        extracted = (
+            split.model
             | "Engine" >> RunInference(VllmPageHandler(engine, cfg, self.engine_factory))
             | "Rows" >> beam.FlatMap(to_rows, engine, cfg)
         )
+        return (extracted, split[CACHED]) | "WithCached" >> beam.Flatten()

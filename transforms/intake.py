@@ -153,9 +153,11 @@ def to_listed(meta: fileio.FileMetadata) -> ListedObject:
 class ListObjects(beam.PTransform):
     """Patterns -> one ListedObject per distinct object (an object reached twice is listed once)."""
 
-    def __init__(self, patterns: Iterable[str]) -> None:
+    def __init__(self, patterns: Iterable[str], modified_since: float | None = None,
+                 modified_until: float | None = None) -> None:
         super().__init__()
         self.patterns = list(patterns)
+        self.since, self.until = modified_since, modified_until
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         globs = [g for p in self.patterns for g in expand_input(p)]
@@ -164,6 +166,7 @@ class ListObjects(beam.PTransform):
             | "Patterns" >> beam.Create(sorted(set(globs)))
             | "Match" >> fileio.MatchAll(fileio.EmptyMatchTreatment.ALLOW)
             | "Listed" >> beam.Map(to_listed)
+            | "InWindow" >> beam.Filter(in_window, self.since, self.until)
         )
         # fileio drops a literal URI that does not exist; a listed object must never vanish silently.
         literals = [g for g in globs if not any(c in g for c in "*?[")]
@@ -179,6 +182,13 @@ class ListObjects(beam.PTransform):
             | "OncePerUri" >> beam.CombinePerKey(lambda objs: max(objs, key=lambda o: o.size))
             | "Values" >> beam.Values()
         )
+
+
+def in_window(obj: ListedObject, since: float | None, until: float | None) -> bool:
+    """Nightly and backfill jobs take objects by LastModified; an unknown time is always taken."""
+    if obj.last_modified is None:
+        return True
+    return (since is None or obj.last_modified >= since) and (until is None or obj.last_modified < until)
 
 
 def _missing(uri: str) -> Iterator[ListedObject]:

@@ -29,6 +29,8 @@ def document_outcome(doc: DocumentRecord, statuses: Counter[str], reasons: Count
         message = f"{doc.page_count - seen} of {doc.page_count} pages produced no row"
     if seen == 0:
         outcome, reason = "failed", "extraction_failed"
+    elif statuses["cached"] == seen == doc.page_count:
+        outcome, reason = "cached", None
     elif good == seen == doc.page_count:
         outcome, reason = "extracted", None
     elif rendered == seen == doc.page_count:

@@ -62,10 +62,17 @@ def prompt_template_hash() -> str:
     return hashlib.sha256(f"{PROMPT_VERSION}\n{SYSTEM_PROMPT}\n{HINT_OPEN}{HINT_CLOSE}".encode()).hexdigest()
 
 
-def cache_key(page_hash: str, model: str, model_revision: str | None, schema_id: str, schema_hash: str,
-              decoding: DecodingParams, tenant: str, hint: str = "") -> str:
-    """sha256 over everything that can change an extraction. Tenants never share a key. The hint is
-    included because the same pixels with a different text hint are a different prompt."""
-    parts = [page_hash, model, model_revision or "", prompt_template_hash(), schema_id, schema_hash,
-             decoding.as_key(), tenant, hashlib.sha256(hint.encode()).hexdigest()]
+def config_key(model: str, model_revision: str | None, schema_id: str, schema_hash: str,
+               decoding: DecodingParams, tenant: str, render_key: str) -> str:
+    """sha256 over everything but the page that can change an extraction: the cache configuration.
+    Tenants never share a key; render settings are in it because they change the pages."""
+    parts = [model, model_revision or "", prompt_template_hash(), schema_id, schema_hash, decoding.as_key(), tenant,
+             render_key]
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
+
+
+def cache_key(page_hash: str, config: str, hint: str = "") -> str:
+    """The key of one page's extraction. The hint is included because the same pixels with a
+    different text hint are a different prompt."""
+    parts = [page_hash, config, hashlib.sha256(hint.encode()).hexdigest()]
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()

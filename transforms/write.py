@@ -8,10 +8,13 @@ from __future__ import annotations
 import logging
 import sys
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import apache_beam as beam
+import pyarrow as pa
+import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
@@ -25,12 +28,13 @@ def join_uri(root: str, *parts: str) -> str:
     return FileSystems.join(root.rstrip("/"), *parts) if root.rstrip("/") else "/".join(parts)
 
 
-def table_prefix(output: str, table: str, run_id: str) -> str:
-    return join_uri(output, table, f"run_id={run_id}", "part")
+def run_files(output: str, table: str, run_id: str) -> list[str]:
+    pattern = join_uri(output, table, f"run_id={run_id}", "*.parquet")
+    return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
 
 
 def clear_run(output: str, run_id: str) -> int:
-    """Delete this run id's partitions, so writing a run id again replaces it rather than adding to it."""
+    """Delete this run id's partitions (`--force` over an existing run id starts it afresh)."""
     removed = 0
     for table in tables.TABLES:
         pattern = join_uri(output, table, f"run_id={run_id}", "*")
@@ -41,16 +45,84 @@ def clear_run(output: str, run_id: str) -> int:
     return removed
 
 
+def compact_run(output: str, run_id: str) -> dict[str, int]:
+    """Rewrite a resumed run's partitions with the latest row per key and delete the old files, so
+    no (run, document, page) ever has two rows. The new file is written before the old ones go."""
+    from pipelines.sql import TABLE_KEYS
+
+    kept: dict[str, int] = {}
+    for table in tables.TABLES:
+        files = run_files(output, table, run_id)
+        if len(files) < 2:
+            continue
+        schema = tables.SCHEMAS[table]
+        latest: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for path in files:
+            with FileSystems.open(path) as handle:
+                data = pq.read_table(pa.BufferReader(handle.read()), schema=schema)
+            for row in data.to_pylist():
+                key = tuple(row[k] for k in TABLE_KEYS[table])
+                if key not in latest or row["created_at"] >= latest[key]["created_at"]:
+                    latest[key] = row
+        write_rows(join_uri(output, table, f"run_id={run_id}"), schema, list(latest.values()),
+                   name=f"part-compacted-{uuid.uuid4().hex}.parquet")
+        FileSystems.delete(files)
+        kept[table] = len(latest)
+    return kept
+
+
+class WriteParquetBundles(beam.DoFn):
+    """Rows -> one Parquet file per bundle, made visible atomically when the bundle finishes.
+
+    Unlike a sink that finalises once at the end, a run killed midway keeps every finished bundle,
+    so a resumed run (same run id) does only what is missing. Local files are written under a
+    temporary name and renamed; an S3 object appears only when its upload completes.
+    """
+
+    def __init__(self, output: str, table: str, run_id: str) -> None:
+        self.folder = join_uri(output, table, f"run_id={run_id}")
+        self.table = table
+
+    def setup(self) -> None:
+        self.schema = tables.SCHEMAS[self.table]
+        self.rows_written = Metrics.counter("pagemill", f"{self.table}_rows_written")
+
+    def start_bundle(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def process(self, row: dict[str, Any]) -> Iterator[None]:
+        self.rows.append(row)
+        return iter(())
+
+    def finish_bundle(self) -> None:
+        if not self.rows:
+            return
+        write_rows(self.folder, self.schema, self.rows)
+        self.rows_written.inc(len(self.rows))
+        self.rows = []
+
+
+def write_rows(folder: str, schema: pa.Schema, rows: list[dict[str, Any]], name: str | None = None) -> str:
+    table = pa.Table.from_pylist(rows, schema=schema)
+    final = join_uri(folder, name or f"part-{uuid.uuid4().hex}.parquet")
+    local = "://" not in folder or folder.startswith("file://")
+    target = final + ".inprogress" if local else final
+    buf = pa.BufferOutputStream()
+    pq.write_table(table, buf, compression="zstd")
+    with FileSystems.create(target) as handle:
+        handle.write(buf.getvalue().to_pybytes())
+    if local:
+        FileSystems.rename([target], [final])
+    return final
+
+
 class WriteTable(beam.PTransform):
     def __init__(self, output: str, table: str, run_id: str) -> None:
         super().__init__()
-        self.prefix = table_prefix(output, table, run_id)
-        self.schema = tables.SCHEMAS[table]
+        self.output, self.table, self.run_id = output, table, run_id
 
-    def expand(self, rows: beam.PCollection) -> beam.PDone:
-        return rows | beam.io.WriteToParquet(
-            self.prefix, self.schema, file_name_suffix=".parquet", record_batch_size=1000,
-            shard_name_template="-SSSSS-of-NNNNN")
+    def expand(self, rows: beam.PCollection) -> beam.PCollection:
+        return rows | beam.ParDo(WriteParquetBundles(self.output, self.table, self.run_id))
 
 
 class WriteTables(beam.PTransform):
@@ -62,7 +134,7 @@ class WriteTables(beam.PTransform):
         self.run = dict(run)
         self.pages = pages
 
-    def expand(self, documents: beam.PCollection) -> dict[str, beam.PDone]:
+    def expand(self, documents: beam.PCollection) -> dict[str, beam.PCollection]:
         run, run_id = self.run, self.run["run_id"]
         return {
             "documents": documents

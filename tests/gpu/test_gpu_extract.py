@@ -75,16 +75,20 @@ def gpu_engine(gpu_settings: EngineSettings) -> Iterator[Engine]:
 
 
 def extract_config(**changes: Any) -> ExtractConfig:
-    from dataclasses import replace
+    import dataclasses
 
     from schemas.extraction import load_schema
     from transforms import budget
     from transforms.extract import ExtractConfig
 
-    base = ExtractConfig(schema=load_schema("invoice"), tenant="gpu", model_family="qwen2_vl", max_model_len=8192,
-                         max_tokens=384, max_attempts=2, max_hint_chars=4000, batch_tokens=400_000,
-                         gpu_hourly_usd=2.5, api_price="gpt-4o", prices=budget.load_prices())
-    return replace(base, **changes)
+    values: dict[str, Any] = {
+        "schema": load_schema("invoice"), "tenant": "gpu", "model": "tiny", "model_revision": "tiny",
+        "render_key": "dpi=150;max_side=1288;jpeg=90", "model_family": "qwen2_vl", "max_model_len": 8192,
+        "max_tokens": 384, "max_attempts": 2, "max_hint_chars": 4000, "batch_tokens": 400_000,
+        "gpu_hourly_usd": 2.5, "api_price": "gpt-4o", "prices": budget.load_prices(), **changes}
+    # Only the fields ExtractConfig declares: model, model_revision and render_key are recent additions.
+    declared = {f.name for f in dataclasses.fields(ExtractConfig)}
+    return ExtractConfig(**{k: v for k, v in values.items() if k in declared})
 
 
 def rendered_pages(documents: dict[str, bytes]) -> list[PageImage]:

@@ -25,7 +25,8 @@ SETTINGS = RenderSettings(dpi=100, max_side=1000, jpeg_quality=85, max_text_char
 
 
 def config(**changes: object) -> ExtractConfig:
-    base = ExtractConfig(schema=load_schema("invoice"), tenant="t1", model_family="qwen2_vl", max_model_len=8192,
+    base = ExtractConfig(schema=load_schema("invoice"), tenant="t1", model="tiny", model_revision="test",
+                         render_key="dpi=100", model_family="qwen2_vl", max_model_len=8192,
                          max_tokens=384, max_attempts=2, max_hint_chars=2000, batch_tokens=100_000,
                          gpu_hourly_usd=2.5, api_price="gpt-4o", prices=budget.load_prices())
     return replace(base, **changes)
@@ -55,6 +56,8 @@ def test_cache_key_depends_on_tenant_schema_and_page(engine_settings) -> None:
     assert make_task(page, engine_settings, config(tenant="t2"))[0] != key
     assert make_task(page, engine_settings, config(schema=load_schema("receipt")))[0] != key
     assert make_task(replace(page, page_hash="0" * 64), engine_settings, config())[0] != key
+    assert make_task(page, engine_settings, config(render_key="dpi=200"))[0] != key
+    assert make_task(page, engine_settings, config(model_revision="other"))[0] != key
     assert make_task(replace(page, source_uri="b.pdf"), engine_settings, config())[0] == key
 
 

@@ -1,0 +1,137 @@
+"""Pre-flight: before a pipeline starts, check that credentials resolve, every input can be listed and
+the output can be written. Each failure is one line naming the URI and the cause, within seconds,
+instead of Beam's silent retry loop on a missing bucket or key."""
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from pipelines.storage import StorageConfig
+
+# Short timeouts and few retries: a wrong endpoint must fail in seconds, not minutes.
+CONNECT_TIMEOUT_S = 5
+READ_TIMEOUT_S = 10
+
+
+def s3_client(storage: StorageConfig) -> tuple[Any, Any]:
+    import boto3
+    from botocore.config import Config
+
+    session = boto3.Session(profile_name=storage.s3_profile) if storage.s3_profile else boto3.Session()
+    config = Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S,
+                    retries={"max_attempts": 2, "mode": "standard"})
+    return session, session.client(
+        "s3", endpoint_url=storage.s3_endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3"),
+        region_name=storage.s3_region or os.environ.get("AWS_DEFAULT_REGION"),
+        aws_access_key_id=storage.s3_access_key_id, aws_secret_access_key=storage.s3_secret_access_key,
+        config=config)
+
+
+def _split(uri: str) -> tuple[str, str]:
+    parsed = urlparse(uri)
+    return parsed.netloc, parsed.path.lstrip("/")
+
+
+def _s3_error(uri: str, err: Exception) -> str:
+    from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+
+    if isinstance(err, NoCredentialsError):
+        return (f"{uri}: no AWS credentials found "
+                "(set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, or the --s3-* keys)")
+    if isinstance(err, EndpointConnectionError):
+        return f"{uri}: cannot reach the S3 endpoint ({err})"
+    if isinstance(err, ClientError):
+        code = err.response.get("Error", {}).get("Code", "")
+        causes = {"NoSuchBucket": "the bucket does not exist",
+                  "InvalidAccessKeyId": "the access key is not known to this endpoint",
+                  "SignatureDoesNotMatch": "the secret key is wrong",
+                  "AccessDenied": "access denied", "403": "access denied", "404": "the bucket does not exist"}
+        return f"{uri}: {causes.get(code, code or 'error')} ({err})"
+    return f"{uri}: {type(err).__name__}: {err}"
+
+
+def _s3_prefix(pattern: str) -> str:
+    """The literal part of an S3 glob: what ListObjectsV2 can check."""
+    cut = min([i for i in (pattern.find(c) for c in "*?[") if i >= 0], default=len(pattern))
+    return pattern[:cut]
+
+
+def _no_credentials() -> Exception:
+    from botocore.exceptions import NoCredentialsError
+
+    return NoCredentialsError()
+
+
+def check_s3_read(uri: str, storage: StorageConfig) -> str | None:
+    session, client = s3_client(storage)
+    if session.get_credentials() is None and not storage.s3_access_key_id:
+        return _s3_error(uri, _no_credentials())
+    bucket, key = _split(_s3_prefix(uri))
+    try:
+        client.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
+    except Exception as err:  # noqa: BLE001 - every cause becomes one clear line
+        return _s3_error(uri, err)
+    return None
+
+
+def check_s3_write(uri: str, storage: StorageConfig) -> str | None:
+    session, client = s3_client(storage)
+    if session.get_credentials() is None and not storage.s3_access_key_id:
+        return _s3_error(uri, _no_credentials())
+    bucket, key = _split(uri.rstrip("/") + f"/.pagemill-preflight-{uuid.uuid4().hex}")
+    try:
+        client.put_object(Bucket=bucket, Key=key, Body=b"")
+        client.delete_object(Bucket=bucket, Key=key)
+    except Exception as err:  # noqa: BLE001
+        return _s3_error(uri, err)
+    return None
+
+
+def check_local_read(pattern: str) -> str | None:
+    path = pattern.removeprefix("file://")
+    literal = min([i for i in (path.find(c) for c in "*?[") if i >= 0], default=len(path))
+    base = Path(path[:literal] or ".")
+    probe = base if literal == len(path) else base.parent if not path[:literal].endswith("/") else base
+    if not probe.exists():
+        return f"{pattern}: no such file or folder"
+    return None
+
+
+def check_local_write(folder: str) -> str | None:
+    path = Path(folder.removeprefix("file://"))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".pagemill-preflight-{uuid.uuid4().hex}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        return f"{folder}: cannot write ({err.strerror or err})"
+    return None
+
+
+def preflight(inputs: Sequence[str], output: str, storage: StorageConfig) -> list[str]:
+    """Every problem found, one line each; empty when the run can start."""
+    problems: list[str] = []
+    for given in inputs:
+        uri = given[1:] if given.startswith("@") else given
+        if uri.startswith("s3://"):
+            problem = check_s3_read(uri, storage)
+        elif "://" in uri and not uri.startswith("file://"):
+            problem = None  # gs:// and others: Beam's filesystem reports its own errors
+        else:
+            problem = check_local_read(uri)
+        if problem:
+            problems.append(f"input {problem}")
+    if output.startswith("s3://"):
+        problem = check_s3_write(output, storage)
+    elif "://" in output and not output.startswith("file://"):
+        problem = None
+    else:
+        problem = check_local_write(output)
+    if problem:
+        problems.append(f"output {problem}")
+    return problems

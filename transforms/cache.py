@@ -1,0 +1,136 @@
+"""The result cache across runs: a join against earlier runs' `pages` rows under the same output root.
+
+Two levels, both before any model call:
+- documents: a kept document whose every page already has a reusable row under the same cache
+  configuration (model + revision, prompt, schema, decoding, tenant, render settings) is never
+  rendered; its pages are written as `cached` copies of those rows.
+- pages: a rendered page whose cache key already has a reusable row is not extracted again.
+The lookups are Beam joins (CoGroupByKey), so they scale with the runner, not with driver memory.
+Resuming a run: documents that already have a `documents` row in this run are not processed again.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io.parquetio import ReadAllFromParquet
+
+from schemas.records import DocumentRecord, ListedObject, PageRow
+
+CACHED = "cached"
+REUSABLE = ("ok", "cached", "duplicate")  # statuses whose extraction is a valid answer
+CACHE_COLUMNS = ["tenant", "doc_sha256", "page_index", "page_hash", "cache_key", "config_key", "status",
+                 "schema_id", "schema_hash", "model", "model_revision", "extraction", "validation_errors",
+                 "flags", "hint_source", "width", "height", "created_at"]
+
+
+def reusable(row: Mapping[str, Any], tenant: str, config: str) -> bool:
+    return row.get("status") in REUSABLE and row.get("tenant") == tenant and row.get("config_key") == config
+
+
+def cached_row(earlier: Mapping[str, Any], doc_sha256: str, source_uri: str, page_index: int) -> PageRow:
+    """A `cached` page: the earlier row's extraction, no model call, zero cost."""
+    return PageRow(doc_sha256=doc_sha256, source_uri=source_uri, page_index=page_index, status="cached",
+                   page_hash=earlier.get("page_hash"), cache_key=earlier.get("cache_key"),
+                   config_key=earlier.get("config_key"), width=earlier.get("width"), height=earlier.get("height"),
+                   schema_id=earlier.get("schema_id"), schema_hash=earlier.get("schema_hash"),
+                   model=earlier.get("model"), model_revision=earlier.get("model_revision"),
+                   extraction=earlier.get("extraction"),
+                   validation_errors=tuple(earlier.get("validation_errors") or ()),
+                   flags=tuple(earlier.get("flags") or ()), hint_source=earlier.get("hint_source") or "none",
+                   route="cache", message="extraction reused from an earlier run")
+
+
+def document_from_cache(doc: DocumentRecord, earlier: Iterable[Mapping[str, Any]]) -> list[PageRow] | None:
+    """Cached rows for every page of the document, or None if any page is missing. Pure."""
+    latest: dict[int, Mapping[str, Any]] = {}
+    for row in earlier:
+        index = row["page_index"]
+        if index not in latest or row["created_at"] > latest[index]["created_at"]:
+            latest[index] = row
+    if any(i not in latest for i in range(doc.page_count)):
+        return None
+    return [cached_row(latest[i], doc.doc_sha256, doc.uri, i) for i in range(doc.page_count)]
+
+
+class ReadEarlierPages(beam.PTransform):
+    """Reusable `pages` rows of earlier runs (and of this run, when resuming) for one tenant and
+    cache configuration. `files` is listed by the launcher; no files gives an empty collection."""
+
+    def __init__(self, files: list[str], tenant: str, config: str) -> None:
+        super().__init__()
+        self.files, self.tenant, self.config = files, tenant, config
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
+        if not self.files:
+            return pbegin | "NoEarlierRuns" >> beam.Create([])
+        tenant, config = self.tenant, self.config
+        return (
+            pbegin
+            | "EarlierFiles" >> beam.Create(self.files)
+            | "ReadEarlier" >> ReadAllFromParquet(columns=CACHE_COLUMNS)
+            | "Reusable" >> beam.Filter(reusable, tenant, config)
+        )
+
+
+class _SplitCachedDocuments(beam.DoFn):
+    def process(self, keyed: tuple[str, Mapping[str, list[Any]]]) -> Iterator[Any]:
+        grouped = keyed[1]
+        earlier = grouped["earlier"]
+        for doc in grouped["docs"]:
+            rows = document_from_cache(doc, earlier) if earlier else None
+            if rows is None:
+                yield doc
+            else:
+                for row in rows:
+                    yield beam.pvalue.TaggedOutput(CACHED, row)
+
+
+class SkipCachedDocuments(beam.PTransform):
+    """Kept DocumentRecords -> those to render (main), and `cached` PageRows (tag `cached`)."""
+
+    def __init__(self, earlier: beam.PCollection) -> None:
+        super().__init__()
+        self.earlier = earlier
+
+    def expand(self, docs: beam.PCollection) -> beam.pvalue.DoOutputsTuple:
+        earlier = self.earlier | "EarlierBySha" >> beam.Map(lambda r: (r["doc_sha256"], r))
+        keyed = docs | "DocsBySha" >> beam.Map(lambda d: (d.doc_sha256, d))
+        return (
+            {"docs": keyed, "earlier": earlier}
+            | "JoinEarlier" >> beam.CoGroupByKey()
+            | "Split" >> beam.ParDo(_SplitCachedDocuments()).with_outputs(CACHED, main="render")
+        )
+
+
+class SkipDoneDocuments(beam.PTransform):
+    """Resuming a run: listed objects that already have a `documents` row in this run are dropped."""
+
+    def __init__(self, done_files: list[str]) -> None:
+        super().__init__()
+        self.done_files = done_files
+
+    def expand(self, listed: beam.PCollection) -> beam.PCollection:
+        if not self.done_files:
+            return listed
+        done = (
+            listed.pipeline
+            | "DoneFiles" >> beam.Create(self.done_files)
+            | "ReadDone" >> ReadAllFromParquet(columns=["source_uri"])
+            | "DoneUri" >> beam.Map(lambda r: (r["source_uri"], True))
+        )
+        by_uri = listed | "ListedByUri" >> beam.Map(lambda o: (o.uri, o))
+        return (
+            {"listed": by_uri, "done": done}
+            | "JoinDone" >> beam.CoGroupByKey()
+            | "NotDone" >> beam.FlatMap(_not_done)
+        )
+
+
+def _not_done(keyed: tuple[str, Mapping[str, list[Any]]]) -> Iterator[ListedObject]:
+    grouped = keyed[1]
+    if not list(grouped["done"]):
+        first = next(iter(grouped["listed"]), None)
+        if first is not None:
+            yield first
