@@ -149,6 +149,9 @@ class DyingEngine(Engine):
 
     died = False
 
+    def close(self) -> None:
+        self.llm = None  # the LLM is the session's: leave it running for the other tests
+
     def generate(self, requests, params):
         if not DyingEngine.died:
             DyingEngine.died = True
