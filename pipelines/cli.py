@@ -12,7 +12,9 @@ from typing import Any
 
 USAGE = """pagemill run --input URI [--input URI ...] --output DIR [--job FILE] [--run-id ID] [--tenant NAME]
              [pagemill options] [Beam pipeline options]
-pagemill sql --output DIR [--format table|csv|json] "QUERY"
+pagemill sql --output DIR [--format table|csv|json] "QUERY" | --query NAME | --list-queries
+pagemill estimate --input URI [--input URI ...] [--job FILE] [--output DIR] [--format table|json] [run options]
+pagemill report --output DIR [--run-id ID] --html FILE
 pagemill make-test-model DIR"""
 
 
@@ -28,6 +30,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return sql_command(rest)
     if command == "make-test-model":
         return make_test_model_command(rest)
+    if command in ("estimate", "report"):
+        return estimate_command(rest) if command == "estimate" else report_command(rest)
     print(f"pagemill: unknown command {command!r}\n{USAGE}", file=sys.stderr)
     return 2
 
@@ -211,6 +215,18 @@ def sql_command(argv: Sequence[str]) -> int:
         return 1
     print(sql.render(columns, rows, args.format))
     return 0
+
+
+def estimate_command(argv: Sequence[str]) -> int:
+    from pipelines.estimate import command
+
+    return command(argv)
+
+
+def report_command(argv: Sequence[str]) -> int:
+    from pipelines.report import command
+
+    return command(argv)
 
 
 def make_test_model_command(argv: Sequence[str]) -> int:

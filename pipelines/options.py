@@ -16,7 +16,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
 # Options that take several values; a command line that gives any replaces the job file's list.
-LIST_OPTIONS = ("input",)
+LIST_OPTIONS = ("input", "blocklist", "safety_check")
 
 
 def _flag(parser: Any, name: str, **kwargs: Any) -> None:
@@ -72,6 +72,25 @@ class PagemillOptions(PipelineOptions):
         _flag(parser, "engine_in_process", type=_bool, default=None,
               help="run vLLM's engine core in the worker process (default: yes on CPU, no on GPU)")
         _flag(parser, "max_hint_chars", type=int, default=4000, help="cap on the text hint in a prompt")
+        # Safety gate (transforms/safety.py) and hints (transforms/hints.py).
+        _flag(parser, "blocklist", action="append", default=None,
+              help="file or URI of `sha256:<hex>` / `pdq:<hex>` lines (# comments); repeatable")
+        _flag(parser, "pdq_threshold", type=int, default=31, help="largest PDQ Hamming distance that matches")
+        _flag(parser, "nsfw_classifier", default="nudenet", help="nudenet, none, or module:factory")
+        _flag(parser, "nsfw_threshold", type=float, default=0.8, help="quarantine pages scoring at or over this")
+        _flag(parser, "safety_check", action="append", default=None,
+              help="module:factory of an extra page check (a vendor hash service); repeatable")
+        _flag(parser, "hints", default="auto", choices=("auto", "text_layer", "ocr", "none"),
+              help="auto: text layer where it covers the page, else Tesseract")
+        _flag(parser, "ocr_lang", default="eng", help="Tesseract languages, e.g. eng+deu")
+        _flag(parser, "ocr_timeout_s", type=float, default=60.0, help="Tesseract time limit per page")
+        _flag(parser, "min_text_coverage", type=float, default=0.6,
+              help="share of a page's ink the text layer must explain to be the hint")
+        _flag(parser, "detail", default="auto", choices=("auto", "low", "high"),
+              help="auto: pages whose hint covers them are sent at --low-detail-side")
+        _flag(parser, "low_detail_side", type=int, default=640, help="longest side of a low-detail page, px")
+        _flag(parser, "injection_policy", default="drop", choices=("drop", "neutralise"),
+              help="a hint that reads like instructions: left out of the prompt, or its matches removed")
         # Cost.
         _flag(parser, "gpu_hourly_usd", type=float, default=2.50)
         _flag(parser, "api_price", default="gpt-4o", help="hosted API whose list price the ledger compares")

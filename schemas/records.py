@@ -30,6 +30,26 @@ REASON_CODES = {
     "schema_invalid": "model output is JSON but fails the schema (after retries)",
     "truncated": "model output hit max_tokens before the JSON closed (after retries)",
     "extraction_failed": "no page of the document was extracted",
+    "blocked_hash": "the document's sha256, or the page's sha256 or PDQ hash, is on a --blocklist",
+    "blocked_nsfw": "the NSFW classifier scored the page at or over --nsfw-threshold",
+    "safety_check_error": "a safety check raised on this page: quarantined, never sent (fail closed)",
+}
+
+# Page flags (the `pages.flags` column): facts about a page that do not stop it. Stable strings too;
+# `pages.flag_detail` says why each was raised.
+FLAGS = {
+    "invisible_text": "the text layer holds text the rendered page does not show (white-on-white, tiny fonts)",
+    "prompt_injection": "the page's text hint (or its invisible text) reads like instructions to a model",
+    "ocr_timeout": "Tesseract ran past --ocr-timeout-s on this page",
+    "ocr_failed": "Tesseract failed or is not installed (with the --ocr-lang language)",
+    "injection_success": "the output shows signs that an injection worked (prompt or role text leaked)",
+    "pii": "the output holds personal data that the schema did not ask for (see the pii_* flags)",
+    "pii_email": "an e-mail address in a field that does not ask for one",
+    "pii_phone": "a phone number in a field that does not ask for one",
+    "pii_card": "a payment card number (Luhn-valid) in a field that does not ask for one",
+    "pii_iban": "an IBAN (mod-97 valid) in a field that does not ask for one",
+    "pii_national_id": "a national id (US SSN, UK NINO, Spanish DNI/NIE) in a field that does not ask for one",
+    "refusal": "the output reads like a refusal rather than data",
 }
 
 
@@ -66,6 +86,7 @@ class DocumentRow:
     reason_code: str | None = None
     message: str | None = None
     duplicate_of: str | None = None
+    quarantine_detail: str | None = None  # JSON, for outcome `quarantined`
 
 
 @dataclass(frozen=True)
@@ -81,6 +102,18 @@ class PageImage:
     height: int
     text_layer: str = ""
     hint_source: str = "none"
+    # Set by the page stage: how much of the page's ink the text layer explains, and the text-layer
+    # runs that the rendered pixels do not show (see transforms/textlayer.py).
+    text_coverage: float = 0.0
+    invisible_text: tuple[str, ...] = ()
+    # Set by the safety gate and the hints stage.
+    pdq_hash: str | None = None
+    hint: str = ""
+    hint_coverage: float = 0.0
+    detail: str = "high"  # "low": sent at most `detail_side` px on the longest side
+    detail_side: int = 0
+    flags: tuple[str, ...] = ()
+    flag_detail: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -114,6 +147,13 @@ class PageRow:
     gpu_seconds: float = 0.0
     cost_usd: float = 0.0
     api_equivalent_usd: float = 0.0
+    hint: str | None = None
+    hint_coverage: float | None = None
+    detail: str | None = None
+    flag_detail: tuple[str, ...] = ()
+    quarantine_detail: str | None = None  # JSON: which check, list and distance, or classifier and score
+    pdq_hash: str | None = None
+    image_tokens_saved: int = 0  # image tokens that sending the page at full detail would have cost more
 
 
 @dataclass(frozen=True)
@@ -127,6 +167,10 @@ class PageRef:
     width: int
     height: int
     hint_source: str
+    flags: tuple[str, ...] = ()
+    flag_detail: tuple[str, ...] = ()
+    hint_coverage: float = 0.0
+    pdq_hash: str | None = None
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ DOCUMENTS = pa.schema([
     ("reason_code", pa.string()),
     ("message", pa.string()),
     ("duplicate_of", pa.string()),
+    ("quarantine_detail", pa.string()),
     ("created_at", pa.timestamp("us", tz="UTC")),
 ])
 
@@ -48,6 +49,12 @@ PAGES = pa.schema([
     ("validation_errors", pa.list_(pa.string())),
     ("flags", pa.list_(pa.string())),
     ("hint_source", pa.string()),
+    ("hint", pa.string()),
+    ("hint_coverage", pa.float64()),
+    ("detail", pa.string()),
+    ("flag_detail", pa.list_(pa.string())),
+    ("quarantine_detail", pa.string()),
+    ("pdq_hash", pa.string()),
     ("created_at", pa.timestamp("us", tz="UTC")),
 ])
 
@@ -62,6 +69,7 @@ LEDGER = pa.schema([
     ("image_tokens", pa.int64()),
     ("text_tokens", pa.int64()),
     ("output_tokens", pa.int64()),
+    ("image_tokens_saved", pa.int64()),
     ("attempts", pa.int64()),
     ("gpu_seconds", pa.float64()),
     ("cost_usd", pa.float64()),
@@ -85,6 +93,7 @@ def page_row(row: PageRow, run: Mapping[str, Any]) -> dict[str, Any]:
     d = asdict(row)
     d["validation_errors"] = list(row.validation_errors)
     d["flags"] = list(row.flags)
+    d["flag_detail"] = list(row.flag_detail)
     return _project({**d, **run}, PAGES)
 
 

@@ -1,0 +1,287 @@
+"""`pagemill estimate`: what a run would cost, before it runs. A dry run in plain Python (no Beam pipeline,
+no model, no GPU): list the inputs, read and hash them, sniff, count pages and measure them without
+rendering (`pipelines.estimate_scan`), apply dedup by sha256 and the result cache, then count tokens and
+price them: self-hosted GPU time from a measured throughput, and hosted APIs at their list prices.
+
+Every figure says where it comes from (the `assumptions` list). Image tokens for --model-family are the
+page stage's exact sizes through `transforms.budget`'s estimator (exact for Qwen2-VL); the prompt's text
+tokens are exact when --model's tokenizer is on this machine, else characters / 4.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from importlib import resources
+from typing import Any
+
+from pipelines.estimate_scan import (
+    CacheKeyParts,
+    Scanned,
+    ScanSettings,
+    cached_documents,
+    duplicates,
+    list_objects,
+    measured_output_tokens,
+    scan,
+)
+from pipelines.options import PagemillOptions, _bool, merge_flags
+from pipelines.storage import StorageConfig, add_storage_args, configure, storage_from
+from schemas.extraction import ExtractionSchema, load_schema
+from transforms import budget
+from transforms.intake import IntakeLimits
+from transforms.prompt import SYSTEM_PROMPT, chat_messages, clean_hint, user_text
+
+
+@dataclass(frozen=True)
+class Throughput:
+    pages_per_s: float
+    source: str
+
+
+def load_throughput(model: str, override: float | None) -> Throughput:
+    """--pages-per-second, else the measurement in schemas/throughput.json for --model, else its default."""
+    if override is not None:
+        if override <= 0:
+            raise ValueError("--pages-per-second must be > 0")
+        return Throughput(override, "--pages-per-second")
+    table = json.loads(resources.files("schemas").joinpath("throughput.json").read_text(encoding="utf-8"))
+    name = os.path.basename(model.rstrip("/"))
+    for m in table["measurements"].values():
+        if model in m["models"] or name in m["models"]:
+            return Throughput(float(m["pages_per_s"]), f"measured by {m['command']} on {m['measured_on']}: "
+                                                        f"{m['description']}")
+    m = table["measurements"][table["default"]]
+    return Throughput(float(m["pages_per_s"]),
+                      f"NOT a measurement of {model}: the default, measured by {m['command']} on {m['measured_on']} "
+                      f"for {m['description']}; pass --pages-per-second with your own figure")
+
+
+class PromptTokens:
+    """Text tokens of one page's prompt (system message, schema, hint) as `transforms.extract.prepare` counts
+    them: exact with --model's own tokenizer and chat template when they are on this machine (offline),
+    else characters / 4 of the same text."""
+
+    def __init__(self, model: str, revision: str | None, schema: ExtractionSchema) -> None:
+        self.schema = dict(schema.schema)
+        self.tokenizer = _local_tokenizer(model, revision)
+        self.method = ("exact (the tokenizer and chat template of --model)" if self.tokenizer is not None
+                       else "estimate (characters / 4; --model's tokenizer is not on this machine)")
+        self._empty: int | None = None
+
+    def count(self, hint: str) -> int:
+        if not hint and self._empty is not None:
+            return self._empty
+        if self.tokenizer is None:
+            n = budget.text_tokens_estimate(SYSTEM_PROMPT + user_text(self.schema, hint))
+        else:
+            text = self.tokenizer.apply_chat_template(chat_messages(self.schema, hint), tokenize=False,
+                                                      add_generation_prompt=True)
+            n = len(self.tokenizer.encode(text, add_special_tokens=False)) - 1  # minus the image placeholder
+        if not hint:
+            self._empty = n
+        return n
+
+
+def _local_tokenizer(model: str, revision: str | None) -> Any:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(model, revision=None if os.path.isdir(model) else revision,
+                                             local_files_only=True)
+    except Exception:  # noqa: BLE001 - no transformers, or the model is not here: fall back to the estimate
+        return None
+
+
+@dataclass(frozen=True)
+class PagePlan:
+    """One page of a document that would reach the model stage, as the estimate sees it."""
+
+    source_uri: str
+    page_index: int
+    width: int
+    height: int
+    sent_width: int
+    sent_height: int
+    image_tokens: int
+    text_tokens: int
+    status: str  # model | failed
+    reason_code: str | None = None
+
+
+def plan_document(doc: Scanned, o: PagemillOptions, prompt: PromptTokens) -> list[PagePlan]:
+    """Each page's tokens, with `prepare`'s budget rule: an image too large for the context left after the
+    prompt and --max-tokens is shrunk to fit, or the page fails as over_token_budget."""
+    plans = []
+    for p in doc.pages:
+        if p.reason_code:
+            plans.append(PagePlan(doc.uri, p.page_index, 0, 0, 0, 0, 0, 0, "failed", p.reason_code))
+            continue
+        hint = clean_hint(p.text, o.max_hint_chars) if p.text.strip() else ""
+        text_tokens = prompt.count(hint)
+        room = o.max_model_len - o.max_tokens - text_tokens
+        size: tuple[int, int] | None = (p.width, p.height)
+        if budget.estimate_image_tokens(o.model_family, p.width, p.height) > room:
+            size = budget.fit_to_token_budget(p.width, p.height, room, o.model_family) if room > 0 else None
+        if size is None:
+            plans.append(PagePlan(doc.uri, p.page_index, p.width, p.height, 0, 0, 0, 0, "failed", "over_token_budget"))
+            continue
+        plans.append(PagePlan(doc.uri, p.page_index, p.width, p.height, size[0], size[1],
+                              budget.estimate_image_tokens(o.model_family, *size), text_tokens, "model"))
+    return plans
+
+
+def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: float | None = None,
+             output_tokens: float | None = None, read_text: bool = True, workers: int = 8,
+             per_page: bool = False) -> dict[str, Any]:
+    """The whole estimate as one JSON-ready dict."""
+    t0 = time.perf_counter()
+    schema = load_schema(o.schema)
+    throughput = load_throughput(o.model, pages_per_second)
+    prices = budget.load_prices()
+    objects = list_objects(o.input)
+    t_list = time.perf_counter()
+    settings = ScanSettings(IntakeLimits(o.max_bytes, o.max_pages, o.max_image_pixels), o.dpi, o.max_side,
+                            o.max_page_points, o.max_text_chars, read_text)
+    scanned = scan(objects, settings, workers)
+    t_scan = time.perf_counter()
+    dup = duplicates(scanned)
+    kept = [d for d in scanned if d.status == "accepted" and d.uri not in dup]
+    key = CacheKeyParts(o.tenant, o.model, o.model_revision, schema.schema_hash)
+    assumptions = [f"image tokens: {o.model_family} estimator on the page sizes the page stage would produce "
+                   f"(--dpi {o.dpi:g}, --max-side {o.max_side})"]
+    cached: set[str] = set()
+    out_figure, out_source = float(o.max_tokens), f"--max-tokens {o.max_tokens} a page (an upper bound)"
+    if output_tokens is not None:
+        out_figure, out_source = float(output_tokens), f"--output-tokens {output_tokens} a page"
+    if o.output:
+        cached = cached_documents(o.output, storage, {d.doc_sha256: len(d.pages) for d in kept if d.doc_sha256}, key)
+        measured = measured_output_tokens(o.output, storage, key) if output_tokens is None else None
+        if measured:
+            out_figure = measured[0]
+            out_source = f"{measured[0]:.1f} a page: the mean of {measured[1]} pages extracted ok under --output"
+        assumptions.append(f"result cache: documents whose every page has a reusable row under {o.output} for the "
+                           "same tenant, model, revision and schema (a document-level check)")
+    else:
+        assumptions.append("result cache: not applied (no --output)")
+    prompt = PromptTokens(o.model, o.model_revision, schema)
+    plans = [p for d in kept if d.doc_sha256 not in cached for p in plan_document(d, o, prompt)]
+    t_plan = time.perf_counter()
+    to_model = [p for p in plans if p.status == "model"]
+    tokens = {"image": sum(p.image_tokens for p in to_model), "text": sum(p.text_tokens for p in to_model),
+              "output": round(out_figure * len(to_model))}
+    gpu_hours = len(to_model) / throughput.pages_per_s / 3600
+    assumptions += [f"text tokens: {prompt.method}; PDF text layers are read as hints"
+                    if read_text else f"text tokens: {prompt.method}; text layers not read (--read-text false)",
+                    f"output tokens: {out_source}",
+                    f"self-hosted throughput: {throughput.pages_per_s:g} pages/s, {throughput.source}",
+                    "not counted: identical pages inside different documents (the run extracts them once; finding "
+                    "them needs rendering), OCR hints, retries (--max-attempts), pages that fail to render",
+                    "hosted APIs: each one's image-token formula on the page as sent, plus the same text and "
+                    "output tokens as the self-hosted model (as the ledger's api_equivalent_usd does)"]
+    hosted = []
+    for name, p in prices["providers"].items():
+        image = sum(budget.estimate_image_tokens(p["image_family"], x.sent_width, x.sent_height) for x in to_model)
+        usd = budget.api_cost_usd(name, image + tokens["text"], tokens["output"], prices)
+        hosted.append({"provider": name, "image_family": p["image_family"], "image_tokens": image,
+                       "input_tokens": image + tokens["text"], "output_tokens": tokens["output"], "usd": usd,
+                       "usd_per_1k_pages": 1000 * usd / len(to_model) if to_model else 0.0})
+    rejected = Counter(d.reason_code for d in scanned if d.status == "rejected")
+    failed = Counter(p.reason_code for p in plans if p.status == "failed")
+    report: dict[str, Any] = {
+        "inputs": list(o.input), "schema": schema.schema_id, "model": o.model, "model_family": o.model_family,
+        "documents": {"listed": len(scanned), "rejected": sum(rejected.values()), "reject_reasons": dict(rejected),
+                      "duplicate": len(dup), "cached": len(cached), "to_extract": len(kept) - len(cached)},
+        "pages": {"in_accepted_documents": sum(len(d.pages) for d in scanned if d.status == "accepted"),
+                  "duplicate": sum(len(d.pages) for d in scanned if d.uri in dup),
+                  "cached": sum(len(d.pages) for d in kept if d.doc_sha256 in cached),
+                  "failed_before_model": dict(failed), "to_model": len(to_model)},
+        "tokens": tokens,
+        "self_hosted": {"pages_per_s": throughput.pages_per_s, "throughput_source": throughput.source,
+                        "gpu_hours": gpu_hours, "gpu_hourly_usd": o.gpu_hourly_usd,
+                        "usd": gpu_hours * o.gpu_hourly_usd,
+                        "usd_per_1k_pages": 1000 * gpu_hours * o.gpu_hourly_usd / len(to_model) if to_model else 0.0},
+        "hosted": hosted, "prices_read_on": prices.get("read_on"), "assumptions": assumptions,
+        "timing": {"list_s": round(t_list - t0, 3), "scan_s": round(t_scan - t_list, 3),
+                   "plan_s": round(t_plan - t_scan, 3), "total_s": round(time.perf_counter() - t0, 3),
+                   "bytes_read": sum(d.size for d in scanned if d.doc_sha256), "workers": workers},
+    }
+    if per_page:
+        report["per_page"] = [asdict(p) for p in plans]
+    return report
+
+
+def render_table(r: dict[str, Any]) -> str:
+    d, p, t, s = r["documents"], r["pages"], r["tokens"], r["self_hosted"]
+    reasons = ", ".join(f"{k} {v}" for k, v in sorted(d["reject_reasons"].items()))
+    failed = ", ".join(f"{k} {v}" for k, v in sorted(p["failed_before_model"].items()))
+    tm = r["timing"]
+    lines = [
+        f"pagemill estimate: {', '.join(r['inputs'])} (schema {r['schema']}, model {r['model']})",
+        f"  scanned    {d['listed']:,} objects in {tm['total_s']:.1f} s (listing {tm['list_s']:.1f} s, read and "
+        f"measured {tm['bytes_read']:,} bytes in {tm['scan_s']:.1f} s, {tm['workers']} threads)",
+        f"  documents  listed {d['listed']:,}; rejected {d['rejected']:,}" + (f" ({reasons})" if reasons else "")
+        + f"; duplicate {d['duplicate']:,}; cached {d['cached']:,}; to extract {d['to_extract']:,}",
+        f"  pages      {p['to_model']:,} to the model; in accepted documents {p['in_accepted_documents']:,}, "
+        f"of which duplicate {p['duplicate']:,}, cached {p['cached']:,}"
+        + (f", failing before the model {failed}" if failed else ""),
+        f"  tokens     image {t['image']:,}, text {t['text']:,}, output {t['output']:,}",
+        f"  self-hosted ${s['usd']:,.4f} (${s['usd_per_1k_pages']:,.4f} per 1,000 pages): {s['gpu_hours']:,.4f} "
+        f"GPU-hours at ${s['gpu_hourly_usd']:g}/h",
+        f"  hosted APIs at list prices read on {r['prices_read_on']}:",
+    ]
+    width = max(len(h["provider"]) for h in r["hosted"]) if r["hosted"] else 8
+    for h in r["hosted"]:
+        lines.append(f"    {h['provider']:<{width}}  ${h['usd']:>12,.4f}  (${h['usd_per_1k_pages']:,.4f} per 1,000 pages; "
+                     f"image tokens {h['image_tokens']:,} by the {h['image_family']} formula)")
+    lines.append("  assumptions:")
+    lines += [f"    - {a}" for a in r["assumptions"]]
+    return "\n".join(lines)
+
+
+def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, PagemillOptions]:
+    parser = argparse.ArgumentParser(
+        prog="pagemill estimate", allow_abbrev=False,
+        description="A dry run: tokens and dollars of a run before it runs. Takes `pagemill run`'s options "
+                    "(--input, --job, --output for the result cache, --schema, --model, --model-family, --dpi, "
+                    "--max-side, --max-tokens, --max-model-len, --gpu-hourly-usd, limits) plus these:")
+    parser.add_argument("--job", default=None, help="a job file, as for `pagemill run`")
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument("--pages-per-second", type=float, default=None,
+                        help="self-hosted throughput (default: schemas/throughput.json, measured by bench_extract)")
+    parser.add_argument("--output-tokens", type=float, default=None,
+                        help="output tokens a page (default: the mean of earlier runs under --output, else --max-tokens)")
+    parser.add_argument("--read-text", type=_bool, default=True, help="read PDF text layers for the hint tokens")
+    parser.add_argument("--per-page", action="store_true", help="json: add one entry per page")
+    parser.add_argument("--workers", type=int, default=8, help="threads reading and measuring objects")
+    add_storage_args(parser)
+    args, rest = parser.parse_known_args(argv)
+    return args, PagemillOptions(merge_flags(rest, args.job)).view_as(PagemillOptions)
+
+
+def command(argv: Sequence[str]) -> int:
+    try:
+        args, o = parse(argv)
+    except (OSError, ValueError) as err:
+        print(f"pagemill estimate: {err}", file=sys.stderr)
+        return 2
+    if not o.input:
+        print("pagemill estimate: --input is required (or a --job file that sets it)", file=sys.stderr)
+        return 2
+    storage = storage_from(vars(args))
+    configure(storage)
+    try:
+        report = estimate(o, storage, pages_per_second=args.pages_per_second, output_tokens=args.output_tokens,
+                          read_text=args.read_text, workers=args.workers, per_page=args.per_page)
+    except (OSError, ValueError) as err:
+        print(f"pagemill estimate: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(report, indent=1, default=str) if args.format == "json" else render_table(report))
+    return 0

@@ -1,0 +1,159 @@
+"""The scanning half of `pagemill estimate`: list, read, hash, sniff, count pages and measure them, in plain
+Python (no Beam pipeline), with the pipeline's own intake functions so that an object is rejected here for
+exactly the reason `pagemill run` would reject it.
+
+Cost: every object under --max-bytes is read once in full (the sha256 that dedup and the cache need
+cannot be had otherwise) and opened once more to measure its pages; nothing is rendered. Objects are
+scanned by a thread pool (reads and hashing overlap; pdfium calls are serialised by its lock).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pyarrow as pa
+from apache_beam.io.filesystems import FileSystems
+
+from pipelines import sql
+from pipelines.storage import StorageConfig
+from schemas.records import DocumentRecord, ListedObject
+from transforms.intake import MISSING, IntakeLimits, expand_input, inspect_document, read_capped, size_gate
+from transforms.page_sizes import PageSize, image_page_sizes, pdf_page_sizes
+
+REUSABLE = ("ok", "cached", "duplicate")  # page statuses whose extraction a later run can reuse
+
+
+@dataclass(frozen=True)
+class ScanSettings:
+    limits: IntakeLimits
+    dpi: float
+    max_side: int
+    max_page_points: float
+    max_text_chars: int
+    read_text: bool
+
+
+@dataclass(frozen=True)
+class Scanned:
+    """One listed object: `rejected` (with the intake reason code) or `accepted` with its pages."""
+
+    uri: str
+    size: int
+    status: str
+    reason_code: str | None = None
+    doc_sha256: str | None = None
+    format: str | None = None
+    pages: tuple[PageSize, ...] = ()
+
+
+def list_objects(patterns: Iterable[str]) -> list[ListedObject]:
+    """What `transforms.intake.ListObjects` lists, without a pipeline: every match of every input,
+    each URI once, and a URI given by name that does not exist as a `not_found` object."""
+    found: dict[str, ListedObject] = {}
+    for glob in sorted({g for p in patterns for g in expand_input(p)}):
+        literal = not any(c in glob for c in "*?[")
+        try:
+            metadata = FileSystems.match([glob])[0].metadata_list
+        except Exception:  # noqa: BLE001 - as in the pipeline: a literal that cannot be listed is missing
+            if not literal:
+                raise
+            metadata = []
+        for meta in metadata:
+            obj = ListedObject(uri=meta.path, size=int(meta.size_in_bytes), last_modified=meta.last_updated_in_seconds)
+            if obj.uri not in found or obj.size > found[obj.uri].size:
+                found[obj.uri] = obj
+        if literal and not metadata and glob not in found:
+            found[glob] = ListedObject(uri=glob, size=MISSING)
+    return [found[u] for u in sorted(found)]
+
+
+def scan_object(obj: ListedObject, s: ScanSettings) -> Scanned:
+    gated = size_gate(obj, s.limits)
+    if gated is not None:
+        return Scanned(obj.uri, max(obj.size, 0), "rejected", gated.reason_code)
+    try:
+        data = read_capped(obj.uri, s.limits.max_bytes)
+    except Exception as err:  # noqa: BLE001 - any storage error is this object's outcome, as in intake
+        return Scanned(obj.uri, max(obj.size, 0), "rejected", "unreadable", format=type(err).__name__)
+    result = inspect_document(obj, data, s.limits)
+    if not isinstance(result, DocumentRecord):
+        return Scanned(obj.uri, result.bytes, "rejected", result.reason_code, result.doc_sha256, result.format)
+    try:
+        pages = tuple(_page_sizes(result, data, s))
+    except Exception:  # noqa: BLE001 - intake opened it; if measuring fails, every page would fail to render
+        pages = tuple(PageSize(i, reason_code="render_failed") for i in range(result.page_count))
+    return Scanned(obj.uri, result.size, "accepted", None, result.doc_sha256, result.format, pages)
+
+
+def _page_sizes(doc: DocumentRecord, data: bytes, s: ScanSettings) -> Iterable[PageSize]:
+    if doc.format == "pdf":
+        return pdf_page_sizes(data, dpi=s.dpi, max_side=s.max_side, max_page_points=s.max_page_points,
+                              read_text=s.read_text, max_text_chars=s.max_text_chars)
+    return image_page_sizes(data, doc.page_count, max_side=s.max_side, max_image_pixels=s.limits.max_image_pixels)
+
+
+def scan(objects: Sequence[ListedObject], s: ScanSettings, workers: int = 8) -> list[Scanned]:
+    """Scan every object, in listing order. Threads overlap the reads (object stores are I/O bound)."""
+    if workers <= 1:
+        return [scan_object(o, s) for o in objects]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(lambda o: scan_object(o, s), objects, chunksize=16))
+
+
+def duplicates(scanned: Iterable[Scanned]) -> dict[str, str]:
+    """uri -> the uri it duplicates, for every accepted copy but the smallest URI of each sha256
+    (the rule of `transforms.dedup.split_duplicates`)."""
+    kept: dict[str, str] = {}
+    out: dict[str, str] = {}
+    for doc in sorted((d for d in scanned if d.status == "accepted"), key=lambda d: d.uri):
+        assert doc.doc_sha256 is not None
+        if doc.doc_sha256 in kept:
+            out[doc.uri] = kept[doc.doc_sha256]
+        else:
+            kept[doc.doc_sha256] = doc.uri
+    return out
+
+
+@dataclass(frozen=True)
+class CacheKeyParts:
+    """What the document-level cache check matches on (a subset of the pipeline's cache key)."""
+
+    tenant: str
+    model: str
+    model_revision: str | None
+    schema_hash: str
+
+
+def cached_documents(output: str, storage: StorageConfig, docs: dict[str, int], key: CacheKeyParts) -> set[str]:
+    """doc_sha256s (of `docs`: sha -> page count) whose every page already has a reusable `pages` row under
+    `output` for the same tenant, model, model revision and schema. The pipeline's own key also covers
+    the prompt template, decoding parameters and render settings, so this can count a document as cached
+    that a run with other --max-tokens or --dpi would extract again."""
+    if not docs:
+        return set()
+    con = sql.connect(output, storage)
+    try:
+        con.register("wanted", pa.table({"doc_sha256": list(docs), "page_count": list(docs.values())}))
+        rows = con.execute(
+            "SELECT w.doc_sha256 FROM wanted w JOIN pages p USING (doc_sha256) "
+            "WHERE p.tenant = ? AND p.model = ? AND p.model_revision IS NOT DISTINCT FROM ? AND p.schema_hash = ? "
+            f"AND p.status IN {REUSABLE} AND p.page_index < w.page_count "
+            "GROUP BY w.doc_sha256, w.page_count HAVING count(DISTINCT p.page_index) = w.page_count",
+            [key.tenant, key.model, key.model_revision, key.schema_hash]).fetchall()
+    finally:
+        con.close()
+    return {r[0] for r in rows}
+
+
+def measured_output_tokens(output: str, storage: StorageConfig, key: CacheKeyParts) -> tuple[float, int] | None:
+    """(mean output tokens, pages) of pages extracted `ok` under `output` with the same model and schema."""
+    con = sql.connect(output, storage)
+    try:
+        mean, n = con.execute(
+            "SELECT avg(l.output_tokens), count(*) FROM ledger l JOIN pages p USING (run_id, doc_sha256, page_index) "
+            "WHERE l.route = 'model' AND p.status = 'ok' AND p.model = ? AND p.schema_hash = ?",
+            [key.model, key.schema_hash]).fetchone()
+    finally:
+        con.close()
+    return (float(mean), int(n)) if n else None

@@ -1,0 +1,250 @@
+"""S3 in and out against a real S3 server on loopback (moto's ThreadedMotoServer, port 0)."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines import cli, sql
+from pipelines.storage import StorageConfig, configure
+from schemas import tables
+from tests import docmaker
+from tests.conftest import vllm_available
+from transforms.write import write_rows
+
+moto_server = pytest.importorskip("moto.server")
+boto3 = pytest.importorskip("boto3")
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[dict[str, str]]:
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    creds = {"endpoint": f"http://{host}:{port}", "key": "testing", "secret": "testing", "region": "us-east-1"}
+    yield creds
+    server.stop()
+
+
+def client(s3: dict[str, str]):
+    return boto3.client("s3", endpoint_url=s3["endpoint"], aws_access_key_id=s3["key"],
+                        aws_secret_access_key=s3["secret"], region_name=s3["region"])
+
+
+def flags(s3: dict[str, str]) -> list[str]:
+    return ["--s3-endpoint-url", s3["endpoint"], "--s3-access-key-id", s3["key"], "--s3-secret-access-key",
+            s3["secret"], "--s3-region", s3["region"]]
+
+
+def storage(s3: dict[str, str]) -> StorageConfig:
+    return StorageConfig(s3_endpoint_url=s3["endpoint"], s3_region=s3["region"], s3_access_key_id=s3["key"],
+                         s3_secret_access_key=s3["secret"])
+
+
+def make_bucket(s3: dict[str, str], name: str, objects: dict[str, bytes]) -> None:
+    c = client(s3)
+    c.create_bucket(Bucket=name)
+    for key, body in objects.items():
+        c.put_object(Bucket=name, Key=key, Body=body)
+
+
+def docs(output: str, s3: dict[str, str], where: str = "true") -> list[dict]:
+    columns, values = sql.query(output, f"SELECT * FROM documents WHERE {where}", storage(s3))
+    return [dict(zip(columns, v, strict=True)) for v in values]
+
+
+def raw_keys(s3: dict[str, str], bucket: str, prefix: str, table: str, keys: tuple[str, ...]) -> Counter:
+    """Every row's key in the raw Parquet files (not the deduplicating views)."""
+    c = client(s3)
+    found: Counter = Counter()
+    for page in c.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/{table}/"):
+        for obj in page.get("Contents", []):
+            if obj["Key"].endswith(".parquet"):
+                body = c.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
+                for row in pq.read_table(io.BytesIO(body)).to_pylist():
+                    found[tuple(row[k] for k in keys)] += 1
+    return found
+
+
+SAMPLE = {"in/invoice.pdf": docmaker.invoice_pdf(), "in/z/invoice.pdf": docmaker.invoice_pdf(),
+          "in/report.pdf": docmaker.multipage_pdf(2), "in/scan.png": docmaker.scanned_png(),
+          "in/bad.pdf": docmaker.truncated_pdf(), "in/notes.txt": b"not a document"}
+
+
+@pytest.mark.parametrize("mode", [[], ["--direct_running_mode=multi_processing", "--direct_num_workers=2"],
+                                  ["--runner=PortableRunner", "--job_endpoint=embed", "--environment_type=LOOPBACK"]],
+                         ids=["direct", "multiprocess", "portable"])
+def test_s3_in_and_out(s3: dict[str, str], mode: list[str]) -> None:
+    bucket = f"docs-{len(mode)}"
+    make_bucket(s3, bucket, SAMPLE)
+    client(s3).put_object(Bucket=bucket, Key="lists/some.txt",
+                          Body=f"s3://{bucket}/in/scan.png\ns3://{bucket}/in/missing.pdf\n".encode())
+    out = f"s3://{bucket}/out"
+    code = cli.main(["run", "--input", f"s3://{bucket}/in/", "--input", f"@s3://{bucket}/lists/some.txt",
+                     "--output", out, "--run-id", "s1", "--extract", "false", "--progress-every-s", "0",
+                     *flags(s3), *mode])
+    assert code == 0
+    rows = {r["source_uri"].removeprefix(f"s3://{bucket}/"): r for r in docs(out, s3)}
+    assert set(rows) == {*SAMPLE, "in/missing.pdf"}
+    assert rows["in/z/invoice.pdf"]["outcome"] == "duplicate"
+    assert rows["in/bad.pdf"]["reason_code"] == "unreadable"
+    assert rows["in/missing.pdf"]["reason_code"] == "not_found"
+    assert rows["in/notes.txt"]["reason_code"] == "unsupported_format"
+    assert rows["in/report.pdf"]["page_count"] == 2
+    manifest = json.loads(client(s3).get_object(Bucket=bucket, Key="out/runs/s1.json")["Body"].read())
+    assert manifest["documents"] == len(rows)
+
+
+def test_listing_over_a_thousand_keys(s3: dict[str, str]) -> None:
+    objects = {f"many/{i:05d}.png": b"" for i in range(1050)} | {"many/real.png": docmaker.tiny_png()}
+    make_bucket(s3, "many", objects)
+    code = cli.main(["run", "--input", "s3://many/many/", "--output", "s3://many/out", "--run-id", "m1",
+                     "--extract", "false", "--progress-every-s", "0", *flags(s3)])
+    assert code == 0
+    rows = docs("s3://many/out", s3)
+    assert len(rows) == len(objects) == 1051
+    assert Counter(r["reason_code"] for r in rows)["empty"] == 1050
+
+
+def test_output_over_8_mib_is_written_in_parts(s3: dict[str, str]) -> None:
+    make_bucket(s3, "big", {})
+    configure(storage(s3))
+    filler = os.urandom(9 * 2**20).hex()  # incompressible: the Parquet file stays over 8 MiB
+    rows = [{"run_id": "b1", "source_uri": f"s3://x/{i}", "bytes": 1, "outcome": "rejected",
+             "message": filler[i * 200_000:(i + 1) * 200_000]} for i in range(90)]
+    path = write_rows("s3://big/out/documents/run_id=b1", tables.DOCUMENTS, rows)
+    head = client(s3).head_object(Bucket="big", Key=path.removeprefix("s3://big/"))
+    assert head["ContentLength"] > 8 * 2**20
+    assert "-" in head["ETag"]  # a multipart upload's ETag is "<md5>-<parts>"
+    assert len(docs("s3://big/out", s3)) == 90
+
+
+def run_cli(args: list[str], env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def bare_env(tmp_path: Path) -> dict[str, str]:
+    """No AWS settings at all: no keys, no profile files, no instance metadata."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"),
+               AWS_EC2_METADATA_DISABLED="true")
+    return env
+
+
+@pytest.fixture(scope="module")
+def s3_with_auth() -> Iterator[str]:
+    """A second server that checks credentials (moto accepts any key unless IAM checks are on)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    yield endpoint
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("case", ["missing_bucket", "wrong_credentials", "no_credentials"])
+def test_storage_errors_are_one_clear_line(s3: dict[str, str], s3_with_auth: str, tmp_path: Path,
+                                           case: str) -> None:
+    bucket = f"ok-{case.replace('_', '-')}"
+    make_bucket(s3, bucket, {"in/a.png": docmaker.tiny_png()})
+    endpoint, key, secret, source = s3["endpoint"], s3["key"], s3["secret"], f"s3://{bucket}/in/"
+    if case == "missing_bucket":
+        source = "s3://no-such-bucket/in/"
+        expect = "input s3://no-such-bucket/in/: the bucket does not exist"
+    elif case == "wrong_credentials":
+        endpoint, key, secret = s3_with_auth, "AKIAWRONGWRONGWRONG", "wrong"
+        expect = f"input {source}: the access key is not known to this endpoint"
+    else:
+        key = secret = ""
+        expect = f"input {source}: no AWS credentials found"
+    args = ["run", "--input", source, "--output", f"s3://{bucket}/out", "--extract", "false",
+            "--s3-endpoint-url", endpoint, "--s3-region", s3["region"]]
+    if key:
+        args += ["--s3-access-key-id", key, "--s3-secret-access-key", secret]
+    proc = run_cli(args, bare_env(tmp_path), timeout=60)  # a hang fails here instead of blocking CI
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert expect in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_killed_run_resumes_without_duplicates_or_losses(s3: dict[str, str], tmp_path: Path) -> None:
+    objects = {f"in/doc-{i:03d}.pdf": docmaker.multipage_pdf(2, title=f"Report {i}") for i in range(40)}
+    make_bucket(s3, "resume", objects)
+    args = ["run", "--input", "s3://resume/in/", "--output", "s3://resume/out", "--run-id", "k1", "--extract",
+            "false", "--progress-every-s", "0", *flags(s3)]
+    env = dict(os.environ)
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", *args], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    c = client(s3)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        listed = c.list_objects_v2(Bucket="resume", Prefix="out/pages/").get("KeyCount", 0)
+        if listed:
+            os.killpg(proc.pid, signal.SIGKILL)  # killed as soon as the first rows are durable
+            break
+        time.sleep(0.02)
+    proc.wait(timeout=30)
+    assert c.list_objects_v2(Bucket="resume", Prefix="out/pages/").get("KeyCount", 0) >= 1
+    assert cli.main(args) == 0
+    page_keys = raw_keys(s3, "resume", "out", "pages", ("run_id", "doc_sha256", "page_index"))
+    doc_keys = raw_keys(s3, "resume", "out", "documents", ("run_id", "source_uri"))
+    assert len(doc_keys) == 40 and set(doc_keys.values()) == {1}
+    assert len(page_keys) == 80 and set(page_keys.values()) == {1}
+    ledger_keys = raw_keys(s3, "resume", "out", "ledger", ("run_id", "doc_sha256", "page_index"))
+    assert ledger_keys == page_keys
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")
+def test_second_run_makes_zero_model_calls(s3: dict[str, str], test_model_dir: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    make_bucket(s3, "cache", {"in/invoice.pdf": docmaker.invoice_pdf(), "in/report.pdf": docmaker.multipage_pdf(2),
+                              "in/dup.pdf": docmaker.invoice_pdf()})
+    base = ["run", "--input", "s3://cache/in/", "--output", "s3://cache/out", "--model", str(test_model_dir),
+            "--max-tokens", "384", "--kv-cache-gib", "0.25", "--max-side", "640", "--progress-every-s", "0",
+            *flags(s3)]
+    assert cli.main([*base, "--run-id", "first"]) == 0
+    assert cli.main([*base, "--run-id", "second"]) == 0
+    out = capsys.readouterr().out
+    assert "model calls 0," in out.split("pagemill: 3 documents")[-1]
+    second = {r["source_uri"].rsplit("/", 1)[-1]: r for r in docs("s3://cache/out", s3, "run_id = 'second'")}
+    assert {k: v["outcome"] for k, v in second.items()} == {"invoice.pdf": "cached", "report.pdf": "cached",
+                                                           "dup.pdf": "duplicate"}
+    _columns, values = sql.query("s3://cache/out", "SELECT run_id, route, count(*) FROM ledger GROUP BY ALL",
+                                storage(s3))
+    routes = {(r, route): n for r, route, n in values}
+    assert routes[("second", "cache")] == 3 and ("second", "model") not in routes
+    assert routes[("first", "model")] == 3
+    extractions = sql.query("s3://cache/out", "SELECT count(DISTINCT extraction) FROM pages WHERE run_id = 'second' "
+                            "AND extraction IN (SELECT extraction FROM pages WHERE run_id = 'first')", storage(s3))
+    assert extractions[1][0][0] >= 1
+    # --force recomputes.
+    assert cli.main([*base, "--run-id", "third", "--force", "true"]) == 0
+    third = sql.query("s3://cache/out", "SELECT route, count(*) FROM ledger WHERE run_id = 'third' GROUP BY 1",
+                      storage(s3))[1]
+    assert dict(third) == {"model": 3}

@@ -1,0 +1,144 @@
+"""Text-layer evidence: how much of a page's ink its text layer explains, and which of its text the
+rendered page does not show.
+
+Both come from comparing the text layer's boxes with the rendered pixels:
+- *coverage*: the share of the page's text-like ink (pixels that differ from the background, less
+  long horizontal and vertical rules) that lies inside a text box. A born-digital page is near 1; a
+  scan without a text layer is 0; a page with figures or text drawn as images is in between.
+- *invisible text*: a text box whose pixels are all one shade (white-on-white, text under an opaque
+  shape of its own colour) or less than `MIN_BOX_PX` high (zero-size or microscopic fonts). The model
+  never sees such text in the image, so it is left out of the hint and scanned for injections.
+
+Pure functions on numpy arrays, plus `pdf_text_evidence`, which reads pdfium's text boxes (the
+caller holds the pdfium lock).
+"""
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+INK_DELTA = 60  # a pixel this far from the background shade is ink
+RULE_FRACTION = 25  # an ink run longer than 1/25 of the page's longest side is a rule, not text
+MIN_VISIBLE_RANGE = 24  # a box whose darkest and lightest pixels differ by less shows nothing
+MIN_BOX_PX = 2  # a box less high than this (px) is a zero-size or microscopic font
+MIN_INVISIBLE_ALNUM = 4  # fewer letters and digits than this is noise (a space, a dash), not text
+BOX_PAD = 2  # px around a text box that still count as that box's ink (anti-aliasing)
+Box = tuple[int, int, int, int]  # left, top, right, bottom in pixels (right/bottom exclusive)
+
+
+@dataclass(frozen=True)
+class TextEvidence:
+    coverage: float
+    invisible: tuple[str, ...]
+
+
+def gray_array(img: Image.Image) -> np.ndarray:
+    return np.asarray(img.convert("L"))
+
+
+def background(gray: np.ndarray) -> int:
+    """The most common shade: the paper."""
+    return int(np.bincount(gray.ravel(), minlength=256).argmax())
+
+
+def _long_runs(mask: np.ndarray, length: int) -> np.ndarray:
+    """Pixels that lie in a horizontal run of at least `length` set pixels. O(pixels), no Python loop."""
+    rows, n = mask.shape
+    if length > n:
+        return np.zeros_like(mask)
+    cs = np.zeros((rows, n + 1), np.int32)
+    np.cumsum(mask, axis=1, out=cs[:, 1:])
+    full = (cs[:, length:] - cs[:, :-length]) == length  # full[j]: the window [j, j + length) is all set
+    m = full.shape[1]
+    starts = np.zeros((rows, m + 1), np.int32)
+    np.cumsum(full, axis=1, out=starts[:, 1:])
+    # Pixel i is in a full window iff some full[j] with i - length < j <= i: a difference of two
+    # shifted prefix sums (padded so both shifts are plain slices).
+    padded = np.concatenate([np.zeros((rows, length - 1), np.int32), starts,
+                             np.repeat(starts[:, -1:], length, axis=1)], axis=1)
+    return (padded[:, length: length + n] - padded[:, :n]) > 0
+
+
+def ink_mask(gray: np.ndarray) -> np.ndarray:
+    """Text-like ink, at half resolution (any ink in a 2x2 cell): off-background pixels less rules."""
+    ink = np.abs(gray.astype(np.int16) - background(gray)) > INK_DELTA
+    h, w = (ink.shape[0] // 2) * 2, (ink.shape[1] // 2) * 2
+    if h == 0 or w == 0:
+        return np.zeros((0, 0), bool)
+    half = ink[:h, :w].reshape(h // 2, 2, w // 2, 2).any(axis=(1, 3))
+    length = max(8, max(half.shape) // RULE_FRACTION)
+    rules = _long_runs(half, length) | _long_runs(half.T, length).T
+    return half & ~rules
+
+
+def coverage(ink: np.ndarray, boxes: Iterable[Box]) -> float:
+    """Share of the ink (from `ink_mask`, half resolution) inside the boxes (full-resolution pixels).
+    A page with no ink is fully covered: there is nothing left to explain."""
+    total = int(ink.sum())
+    if total == 0:
+        return 1.0
+    covered = np.zeros_like(ink)
+    for left, top, right, bottom in boxes:
+        covered[max(top - BOX_PAD, 0) // 2: (bottom + BOX_PAD + 1) // 2,
+                max(left - BOX_PAD, 0) // 2: (right + BOX_PAD + 1) // 2] = True
+    return round(float((ink & covered).sum()) / total, 4)
+
+
+def box_visible(gray: np.ndarray, box: Box) -> bool:
+    left, top, right, bottom = box
+    if bottom - top < MIN_BOX_PX or right - left < 1:
+        return False
+    cell = gray[max(top, 0): bottom, max(left, 0): right]
+    return cell.size > 0 and int(cell.max()) - int(cell.min()) >= MIN_VISIBLE_RANGE
+
+
+def invisible_runs(texts: Sequence[str]) -> tuple[str, ...]:
+    """The invisible boxes' texts worth reporting: those with a few letters or digits."""
+    kept = [t.strip() for t in texts if sum(ch.isalnum() for ch in t) >= 1]
+    return tuple(kept) if sum(sum(ch.isalnum() for ch in t) for t in kept) >= MIN_INVISIBLE_ALNUM else ()
+
+
+def _device_affine(page: object, width: int, height: int) -> np.ndarray:
+    """The 2x3 map from PDF user space to bitmap pixels, as pdfium renders the page (rotation, crop)."""
+    import pypdfium2.raw as pdfium_c
+
+    dx, dy = ctypes.c_int(), ctypes.c_int()
+    # Far-apart points keep the integer rounding of FPDF_PageToDevice out of the slope.
+    points = [(0.0, 0.0), (10000.0, 0.0), (0.0, 10000.0)]
+    mapped = []
+    for x, y in points:
+        pdfium_c.FPDF_PageToDevice(page.raw, 0, 0, width, height, 0, x, y, dx, dy)  # type: ignore[attr-defined]
+        mapped.append((dx.value, dy.value))
+    (x0, y0), (x1, y1), (x2, y2) = mapped
+    return np.array([[(x1 - x0) / 1e4, (x2 - x0) / 1e4, x0], [(y1 - y0) / 1e4, (y2 - y0) / 1e4, y0]])
+
+
+def pdf_text_evidence(page: object, textpage: object, img: Image.Image) -> TextEvidence:
+    """Coverage and invisible text of one rendered PDF page (`img` is the bitmap before any resize).
+    The caller holds the pdfium lock."""
+    gray = gray_array(img)
+    affine = _device_affine(page, img.width, img.height)
+    boxes: list[Box] = []
+    hidden: list[str] = []
+    for i in range(textpage.count_rects()):  # type: ignore[attr-defined]
+        left, bottom, right, top = textpage.get_rect(i)  # type: ignore[attr-defined]
+        corners = np.array([[left, right, left, right], [bottom, bottom, top, top], [1, 1, 1, 1]])
+        xs, ys = affine @ corners
+        box = (int(np.floor(xs.min())), int(np.floor(ys.min())), int(np.ceil(xs.max())), int(np.ceil(ys.max())))
+        if box_visible(gray, box):
+            boxes.append(box)
+        else:
+            hidden.append(textpage.get_text_bounded(left, bottom, right, top))  # type: ignore[attr-defined]
+    return TextEvidence(coverage=coverage(ink_mask(gray), boxes), invisible=invisible_runs(hidden))
+
+
+def remove_runs(text: str, runs: Iterable[str]) -> str:
+    """The text layer without its invisible runs (each removed once, where it occurs)."""
+    for run in runs:
+        if run:
+            text = text.replace(run, " ", 1)
+    return text
