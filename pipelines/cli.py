@@ -201,15 +201,29 @@ def sql_command(argv: Sequence[str]) -> int:
     from pipelines.storage import add_storage_args, configure, storage_from
 
     parser = argparse.ArgumentParser(prog="pagemill sql")
-    parser.add_argument("--output", required=True, help="output root that `pagemill run` wrote")
+    parser.add_argument("--output", default=None, help="output root that `pagemill run` wrote")
     parser.add_argument("--format", choices=("table", "csv", "json"), default="table")
-    parser.add_argument("query")
+    parser.add_argument("--query", dest="named", metavar="NAME", default=None, help="a named query (--list-queries)")
+    parser.add_argument("--list-queries", action="store_true", help="list the named queries")
+    parser.add_argument("query", nargs="?", help="SQL over the views documents, pages, ledger and runs")
     add_storage_args(parser)
     args = parser.parse_args(argv)
+    if args.list_queries:
+        from pipelines.queries import listing
+
+        print(listing())
+        return 0
+    if not args.output or (args.query is None) == (args.named is None):
+        parser.error("--output and exactly one of QUERY or --query NAME are required")
     storage = storage_from(vars(args))
     configure(storage)
     try:
-        columns, rows = sql.query(args.output, args.query, storage)
+        if args.named:
+            from pipelines import queries
+
+            columns, rows = queries.run(args.output, args.named, storage)
+        else:
+            columns, rows = sql.query(args.output, args.query, storage)
     except Exception as err:  # noqa: BLE001 - DuckDB's message is the useful part
         print(f"pagemill sql: {err}", file=sys.stderr)
         return 1

@@ -34,6 +34,7 @@ from pipelines.options import PagemillOptions, _bool, merge_flags
 from pipelines.storage import StorageConfig, add_storage_args, configure, storage_from
 from schemas.extraction import ExtractionSchema, load_schema
 from transforms import budget
+from transforms.detail import low_detail_size
 from transforms.intake import IntakeLimits
 from transforms.prompt import SYSTEM_PROMPT, chat_messages, clean_hint, user_text
 
@@ -72,20 +73,35 @@ class PromptTokens:
         self.tokenizer = _local_tokenizer(model, revision)
         self.method = ("exact (the tokenizer and chat template of --model)" if self.tokenizer is not None
                        else "estimate (characters / 4; --model's tokenizer is not on this machine)")
-        self._empty: int | None = None
+        self._empty: int | None = None  # the prompt of a page without a hint, counted once
 
     def count(self, hint: str) -> int:
-        if not hint and self._empty is not None:
-            return self._empty
+        return self.count_many([hint])[0]
+
+    def count_many(self, hints: Sequence[str], chunk: int = 512) -> list[int]:
+        """Counts for many hints; the tokenizer encodes them in batches (in parallel, in Rust)."""
         if self.tokenizer is None:
-            n = budget.text_tokens_estimate(SYSTEM_PROMPT + user_text(self.schema, hint))
-        else:
-            text = self.tokenizer.apply_chat_template(chat_messages(self.schema, hint), tokenize=False,
-                                                      add_generation_prompt=True)
-            n = len(self.tokenizer.encode(text, add_special_tokens=False)) - 1  # minus the image placeholder
-        if not hint:
-            self._empty = n
-        return n
+            return [budget.text_tokens_estimate(SYSTEM_PROMPT + user_text(self.schema, h)) for h in hints]
+        if self._empty is None:
+            self._empty = self._encode([self._prompt("")])[0]
+        todo = [i for i, h in enumerate(hints) if h]
+        counts = [self._empty] * len(hints)
+        for start in range(0, len(todo), chunk):
+            part = todo[start:start + chunk]
+            for i, n in zip(part, self._encode([self._prompt(hints[i]) for i in part]), strict=True):
+                counts[i] = n
+        return counts
+
+    def _prompt(self, hint: str) -> str:
+        return self.tokenizer.apply_chat_template(chat_messages(self.schema, hint), tokenize=False,
+                                                  add_generation_prompt=True)
+
+    def _encode(self, texts: list[str]) -> list[int]:
+        """Tokens of each prompt text, minus its one image placeholder (which becomes the image tokens)."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            return [len(e.ids) - 1 for e in backend.encode_batch(texts, add_special_tokens=False)]
+        return [len(self.tokenizer.encode(t, add_special_tokens=False)) - 1 for t in texts]
 
 
 def _local_tokenizer(model: str, revision: str | None) -> Any:
@@ -114,28 +130,96 @@ class PagePlan:
     text_tokens: int
     status: str  # model | failed
     reason_code: str | None = None
+    detail: str = "high"
+    high_detail_image_tokens: int = 0
 
 
-def plan_document(doc: Scanned, o: PagemillOptions, prompt: PromptTokens) -> list[PagePlan]:
-    """Each page's tokens, with `prepare`'s budget rule: an image too large for the context left after the
-    prompt and --max-tokens is shrunk to fit, or the page fails as over_token_budget."""
+@dataclass(frozen=True)
+class HintPolicy:
+    """The run's --hints / --detail choices as far as they can be known without rendering."""
+
+    hints: str = "auto"  # auto | text_layer | ocr | none
+    detail: str = "auto"  # auto | low | high
+    low_detail_side: int = 640
+
+    @classmethod
+    def of(cls, o: PagemillOptions) -> HintPolicy:
+        # getattr: the options of the hints stage, where a checkout has it.
+        return cls(getattr(o, "hints", "text_layer"), getattr(o, "detail", "high"), getattr(o, "low_detail_side", 0))
+
+    def hint(self, text: str, max_chars: int) -> str:
+        """The text layer is the hint under auto and text_layer (OCR text cannot be known without rendering)."""
+        return clean_hint(text, max_chars) if self.hints in ("auto", "text_layer") and text.strip() else ""
+
+    def low(self, text: str, hint: str, max_chars: int) -> bool:
+        """--detail low, or auto with a text-layer hint that is not cut short: the run also requires that the
+        text layer explains 90 % of the page's ink, which only rendering shows, so this assumes it does."""
+        if self.detail != "auto":
+            return self.detail == "low"
+        return bool(hint) and len(text.strip()) <= max_chars
+
+
+def plan_pages(docs: Sequence[Scanned], o: PagemillOptions, prompt: PromptTokens,
+               policy: HintPolicy) -> list[PagePlan]:
+    """Each page's tokens: the hint and detail of `policy`, then `prepare`'s budget rule (an image too large
+    for the context left after the prompt and --max-tokens is shrunk to fit, or fails as over_token_budget)."""
+    pages = [(d.uri, p) for d in docs for p in d.pages]
+    hints = [policy.hint(p.text, o.max_hint_chars) for _, p in pages]
     plans = []
-    for p in doc.pages:
+    for (uri, p), hint, text_tokens in zip(pages, hints, prompt.count_many(hints), strict=True):
         if p.reason_code:
-            plans.append(PagePlan(doc.uri, p.page_index, 0, 0, 0, 0, 0, 0, "failed", p.reason_code))
+            plans.append(PagePlan(uri, p.page_index, 0, 0, 0, 0, 0, 0, "failed", p.reason_code))
             continue
-        hint = clean_hint(p.text, o.max_hint_chars) if p.text.strip() else ""
-        text_tokens = prompt.count(hint)
+        low = policy.low(p.text, hint, o.max_hint_chars) and policy.low_detail_side > 0
+        size: tuple[int, int] | None = low_detail_size(p.width, p.height, policy.low_detail_side) if low \
+            else (p.width, p.height)
+        high_tokens = budget.estimate_image_tokens(o.model_family, p.width, p.height)
         room = o.max_model_len - o.max_tokens - text_tokens
-        size: tuple[int, int] | None = (p.width, p.height)
-        if budget.estimate_image_tokens(o.model_family, p.width, p.height) > room:
-            size = budget.fit_to_token_budget(p.width, p.height, room, o.model_family) if room > 0 else None
+        if size is not None and budget.estimate_image_tokens(o.model_family, *size) > room:
+            size = budget.fit_to_token_budget(size[0], size[1], room, o.model_family) if room > 0 else None
         if size is None:
-            plans.append(PagePlan(doc.uri, p.page_index, p.width, p.height, 0, 0, 0, 0, "failed", "over_token_budget"))
+            plans.append(PagePlan(uri, p.page_index, p.width, p.height, 0, 0, 0, 0, "failed", "over_token_budget"))
             continue
-        plans.append(PagePlan(doc.uri, p.page_index, p.width, p.height, size[0], size[1],
-                              budget.estimate_image_tokens(o.model_family, *size), text_tokens, "model"))
+        plans.append(PagePlan(uri, p.page_index, p.width, p.height, size[0], size[1],
+                              budget.estimate_image_tokens(o.model_family, *size), text_tokens, "model",
+                              detail="low" if low and size != (p.width, p.height) else "high",
+                              high_detail_image_tokens=high_tokens))
     return plans
+
+
+DETAIL_NOTES = {
+    "auto": "pages with a text-layer hint at --low-detail-side {side} (assuming the text layer covers the page, "
+            "which the run measures on the rendered page), the others at full size",
+    "low": "every page at --low-detail-side {side}",
+    "high": "every page at full size",
+}
+NOT_COUNTED = ("not counted: identical pages inside different documents (the run extracts them once; finding them "
+               "needs rendering), OCR text, pages the safety gate quarantines, hints dropped as prompt injection, "
+               "retries (--max-attempts), pages that fail to render")
+HOSTED_NOTE = ("hosted APIs: each one's image-token formula on the page as sent, plus the same text and output tokens "
+               "as the self-hosted model (as the ledger's api_equivalent_usd does)")
+
+
+def output_figure(o: PagemillOptions, storage: StorageConfig, key: CacheKeyParts,
+                  given: float | None) -> tuple[float, str]:
+    """Output tokens a page, and where the figure comes from."""
+    if given is not None:
+        return given, f"--output-tokens {given:g} a page"
+    measured = measured_output_tokens(o.output, storage, key) if o.output else None
+    if measured:
+        return measured[0], f"{measured[0]:.1f} a page: the mean of {measured[1]} pages extracted ok under --output"
+    return float(o.max_tokens), f"--max-tokens {o.max_tokens} a page (an upper bound)"
+
+
+def hosted_prices(to_model: Sequence[PagePlan], tokens: dict[str, int], prices: dict[str, Any]) -> list[dict[str, Any]]:
+    hosted = []
+    for name, p in prices["providers"].items():
+        image = sum(budget.estimate_image_tokens(p["image_family"], x.sent_width, x.sent_height) for x in to_model)
+        usd = budget.api_cost_usd(name, image + tokens["text"], tokens["output"], prices)
+        hosted.append({"provider": name, "image_family": p["image_family"], "image_tokens": image,
+                       "input_tokens": image + tokens["text"], "output_tokens": tokens["output"], "usd": usd,
+                       "usd_per_1k_pages": 1000 * usd / len(to_model) if to_model else 0.0})
+    return hosted
 
 
 def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: float | None = None,
@@ -155,46 +239,33 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
     dup = duplicates(scanned)
     kept = [d for d in scanned if d.status == "accepted" and d.uri not in dup]
     key = CacheKeyParts(o.tenant, o.model, o.model_revision, schema.schema_hash)
-    assumptions = [f"image tokens: {o.model_family} estimator on the page sizes the page stage would produce "
-                   f"(--dpi {o.dpi:g}, --max-side {o.max_side})"]
-    cached: set[str] = set()
-    out_figure, out_source = float(o.max_tokens), f"--max-tokens {o.max_tokens} a page (an upper bound)"
-    if output_tokens is not None:
-        out_figure, out_source = float(output_tokens), f"--output-tokens {output_tokens} a page"
-    if o.output:
-        cached = cached_documents(o.output, storage, {d.doc_sha256: len(d.pages) for d in kept if d.doc_sha256}, key)
-        measured = measured_output_tokens(o.output, storage, key) if output_tokens is None else None
-        if measured:
-            out_figure = measured[0]
-            out_source = f"{measured[0]:.1f} a page: the mean of {measured[1]} pages extracted ok under --output"
-        assumptions.append(f"result cache: documents whose every page has a reusable row under {o.output} for the "
-                           "same tenant, model, revision and schema (a document-level check)")
-    else:
-        assumptions.append("result cache: not applied (no --output)")
-    prompt = PromptTokens(o.model, o.model_revision, schema)
-    plans = [p for d in kept if d.doc_sha256 not in cached for p in plan_document(d, o, prompt)]
+    cached = cached_documents(o.output, storage, {d.doc_sha256: len(d.pages) for d in kept if d.doc_sha256}, key) \
+        if o.output else set()
+    out_figure, out_source = output_figure(o, storage, key, output_tokens)
+    prompt, policy = PromptTokens(o.model, o.model_revision, schema), HintPolicy.of(o)
+    plans = plan_pages([d for d in kept if d.doc_sha256 not in cached], o, prompt, policy)
     t_plan = time.perf_counter()
     to_model = [p for p in plans if p.status == "model"]
     tokens = {"image": sum(p.image_tokens for p in to_model), "text": sum(p.text_tokens for p in to_model),
-              "output": round(out_figure * len(to_model))}
+              "output": round(out_figure * len(to_model)),
+              "image_at_high_detail": sum(p.high_detail_image_tokens for p in to_model)}
     gpu_hours = len(to_model) / throughput.pages_per_s / 3600
-    assumptions += [f"text tokens: {prompt.method}; PDF text layers are read as hints"
-                    if read_text else f"text tokens: {prompt.method}; text layers not read (--read-text false)",
-                    f"output tokens: {out_source}",
-                    f"self-hosted throughput: {throughput.pages_per_s:g} pages/s, {throughput.source}",
-                    "not counted: identical pages inside different documents (the run extracts them once; finding "
-                    "them needs rendering), OCR hints, retries (--max-attempts), pages that fail to render",
-                    "hosted APIs: each one's image-token formula on the page as sent, plus the same text and "
-                    "output tokens as the self-hosted model (as the ledger's api_equivalent_usd does)"]
-    hosted = []
-    for name, p in prices["providers"].items():
-        image = sum(budget.estimate_image_tokens(p["image_family"], x.sent_width, x.sent_height) for x in to_model)
-        usd = budget.api_cost_usd(name, image + tokens["text"], tokens["output"], prices)
-        hosted.append({"provider": name, "image_family": p["image_family"], "image_tokens": image,
-                       "input_tokens": image + tokens["text"], "output_tokens": tokens["output"], "usd": usd,
-                       "usd_per_1k_pages": 1000 * usd / len(to_model) if to_model else 0.0})
+    hints = (f"hints (--hints {policy.hints}): the PDF text layer where there is one; OCR text is not counted"
+             if read_text else "text layers not read (--read-text false)")
+    assumptions = [
+        f"image tokens: {o.model_family} estimator on the page sizes the page stage would produce "
+        f"(--dpi {o.dpi:g}, --max-side {o.max_side})",
+        f"result cache: documents whose every page has a reusable row under {o.output} for the same tenant, model, "
+        "revision and schema (a document-level check)" if o.output else "result cache: not applied (no --output)",
+        f"text tokens: {prompt.method}; {hints}",
+        f"detail (--detail {policy.detail}): "
+        + DETAIL_NOTES.get(policy.detail, policy.detail).format(side=policy.low_detail_side),
+        f"output tokens: {out_source}",
+        f"self-hosted throughput: {throughput.pages_per_s:g} pages/s, {throughput.source}",
+        NOT_COUNTED, HOSTED_NOTE]
     rejected = Counter(d.reason_code for d in scanned if d.status == "rejected")
     failed = Counter(p.reason_code for p in plans if p.status == "failed")
+    usd = gpu_hours * o.gpu_hourly_usd
     report: dict[str, Any] = {
         "inputs": list(o.input), "schema": schema.schema_id, "model": o.model, "model_family": o.model_family,
         "documents": {"listed": len(scanned), "rejected": sum(rejected.values()), "reject_reasons": dict(rejected),
@@ -205,10 +276,10 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
                   "failed_before_model": dict(failed), "to_model": len(to_model)},
         "tokens": tokens,
         "self_hosted": {"pages_per_s": throughput.pages_per_s, "throughput_source": throughput.source,
-                        "gpu_hours": gpu_hours, "gpu_hourly_usd": o.gpu_hourly_usd,
-                        "usd": gpu_hours * o.gpu_hourly_usd,
-                        "usd_per_1k_pages": 1000 * gpu_hours * o.gpu_hourly_usd / len(to_model) if to_model else 0.0},
-        "hosted": hosted, "prices_read_on": prices.get("read_on"), "assumptions": assumptions,
+                        "gpu_hours": gpu_hours, "gpu_hourly_usd": o.gpu_hourly_usd, "usd": usd,
+                        "usd_per_1k_pages": 1000 * usd / len(to_model) if to_model else 0.0},
+        "hosted": hosted_prices(to_model, tokens, prices), "prices_read_on": prices.get("read_on"),
+        "assumptions": assumptions,
         "timing": {"list_s": round(t_list - t0, 3), "scan_s": round(t_scan - t_list, 3),
                    "plan_s": round(t_plan - t_scan, 3), "total_s": round(time.perf_counter() - t0, 3),
                    "bytes_read": sum(d.size for d in scanned if d.doc_sha256), "workers": workers},
@@ -232,15 +303,16 @@ def render_table(r: dict[str, Any]) -> str:
         f"  pages      {p['to_model']:,} to the model; in accepted documents {p['in_accepted_documents']:,}, "
         f"of which duplicate {p['duplicate']:,}, cached {p['cached']:,}"
         + (f", failing before the model {failed}" if failed else ""),
-        f"  tokens     image {t['image']:,}, text {t['text']:,}, output {t['output']:,}",
+        f"  tokens     image {t['image']:,} ({t['image_at_high_detail']:,} if every page went at full detail), "
+        f"text {t['text']:,}, output {t['output']:,}",
         f"  self-hosted ${s['usd']:,.4f} (${s['usd_per_1k_pages']:,.4f} per 1,000 pages): {s['gpu_hours']:,.4f} "
         f"GPU-hours at ${s['gpu_hourly_usd']:g}/h",
         f"  hosted APIs at list prices read on {r['prices_read_on']}:",
     ]
     width = max(len(h["provider"]) for h in r["hosted"]) if r["hosted"] else 8
     for h in r["hosted"]:
-        lines.append(f"    {h['provider']:<{width}}  ${h['usd']:>12,.4f}  (${h['usd_per_1k_pages']:,.4f} per 1,000 pages; "
-                     f"image tokens {h['image_tokens']:,} by the {h['image_family']} formula)")
+        lines.append(f"    {h['provider']:<{width}}  ${h['usd']:>12,.4f}  (${h['usd_per_1k_pages']:,.4f} per 1,000 "
+                     f"pages; image tokens {h['image_tokens']:,} by the {h['image_family']} formula)")
     lines.append("  assumptions:")
     lines += [f"    - {a}" for a in r["assumptions"]]
     return "\n".join(lines)
@@ -257,7 +329,8 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, PagemillOptions]:
     parser.add_argument("--pages-per-second", type=float, default=None,
                         help="self-hosted throughput (default: schemas/throughput.json, measured by bench_extract)")
     parser.add_argument("--output-tokens", type=float, default=None,
-                        help="output tokens a page (default: the mean of earlier runs under --output, else --max-tokens)")
+                        help="output tokens a page (default: the mean of earlier runs under --output, "
+                             "else --max-tokens)")
     parser.add_argument("--read-text", type=_bool, default=True, help="read PDF text layers for the hint tokens")
     parser.add_argument("--per-page", action="store_true", help="json: add one entry per page")
     parser.add_argument("--workers", type=int, default=8, help="threads reading and measuring objects")

@@ -55,7 +55,7 @@ def list_objects(patterns: Iterable[str]) -> list[ListedObject]:
         literal = not any(c in glob for c in "*?[")
         try:
             metadata = FileSystems.match([glob])[0].metadata_list
-        except Exception:  # noqa: BLE001 - as in the pipeline: a literal that cannot be listed is missing
+        except Exception:  # as in the pipeline: a literal that cannot be listed is missing
             if not literal:
                 raise
             metadata = []
@@ -74,8 +74,13 @@ def scan_object(obj: ListedObject, s: ScanSettings) -> Scanned:
         return Scanned(obj.uri, max(obj.size, 0), "rejected", gated.reason_code)
     try:
         data = read_capped(obj.uri, s.limits.max_bytes)
-    except Exception as err:  # noqa: BLE001 - any storage error is this object's outcome, as in intake
-        return Scanned(obj.uri, max(obj.size, 0), "rejected", "unreadable", format=type(err).__name__)
+    except Exception:  # noqa: BLE001 - any storage error is this object's outcome, as in intake
+        return Scanned(obj.uri, max(obj.size, 0), "rejected", "unreadable")
+    return scan_data(obj, data, s)
+
+
+def scan_data(obj: ListedObject, data: bytes, s: ScanSettings) -> Scanned:
+    """Hash, sniff and validate bytes already read (`inspect_document`, as intake does), then measure pages."""
     result = inspect_document(obj, data, s.limits)
     if not isinstance(result, DocumentRecord):
         return Scanned(obj.uri, result.bytes, "rejected", result.reason_code, result.doc_sha256, result.format)

@@ -1,7 +1,7 @@
 """build_pipeline(p, opts, run): the graph of DESIGN.md, stage by stage, and nothing else."""
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import apache_beam as beam
@@ -10,11 +10,14 @@ from pipelines.options import PagemillOptions
 from schemas.records import PageImage, PageRow
 from transforms.cache import CACHED, ReadEarlierPages, SkipCachedDocuments, SkipDoneDocuments
 from transforms.dedup import DUPLICATES, DedupDocuments
-from transforms.engine import EngineSettings
+from transforms.engine import Engine, EngineSettings
 from transforms.extract import ExtractConfig, ExtractPages  # vLLM itself is imported by the worker only
+from transforms.hints import HintsDoFn, HintSettings, Ocr
 from transforms.intake import REJECTED, IntakeDoFn, IntakeLimits, ListObjects
+from transforms.ocr import OcrSettings
 from transforms.outcome import DocumentOutcomes
 from transforms.pages import FAILED_PAGES, RenderPagesDoFn, RenderSettings
+from transforms.safety import QUARANTINED, DocumentGateDoFn, SafetyConfig, SafetyGateDoFn
 from transforms.write import ProgressDoFn, WriteTables
 
 
@@ -32,14 +35,31 @@ def rendered_only(page: PageImage) -> PageRow:
     """A page of a render-only run (`--extract false`): accounted for, no model, no cost."""
     return PageRow(doc_sha256=page.doc_sha256, source_uri=page.source_uri, page_index=page.page_index,
                    status="rendered", page_hash=page.page_hash, width=page.width, height=page.height,
-                   hint_source=page.hint_source, route="none")
+                   hint_source=page.hint_source, route="none", hint=page.hint or None,
+                   hint_coverage=page.hint_coverage, detail=page.detail, flags=page.flags,
+                   flag_detail=page.flag_detail, pdq_hash=page.pdq_hash)
 
 
-def extract_pages(pages: beam.PCollection, o: PagemillOptions, earlier: beam.PCollection) -> beam.PCollection:
+def extract_pages(pages: beam.PCollection, o: PagemillOptions, earlier: beam.PCollection,
+                  engine_factory: Callable[[EngineSettings], Engine] = Engine) -> beam.PCollection:
     """PageImage -> PageRow. The model stage plugs in here."""
     if not o.extract:
         return pages | "RenderedOnly" >> beam.Map(rendered_only)
-    return pages | "Extract" >> ExtractPages(engine_settings(o), extract_config(o), earlier=earlier)
+    return pages | "Extract" >> ExtractPages(engine_settings(o), extract_config(o), engine_factory, earlier=earlier)
+
+
+def safety_config(o: PagemillOptions) -> SafetyConfig:
+    return SafetyConfig(blocklists=tuple(o.blocklist or ()), pdq_threshold=o.pdq_threshold,
+                        nsfw_classifier=o.nsfw_classifier, nsfw_threshold=o.nsfw_threshold,
+                        checks=tuple(o.safety_check or ()),
+                        low_detail_side=o.low_detail_side if o.extract and o.detail != "high" else 0)
+
+
+def hint_settings(o: PagemillOptions) -> HintSettings:
+    return HintSettings(mode=o.hints, ocr=OcrSettings(lang=o.ocr_lang, timeout_s=o.ocr_timeout_s),
+                        min_text_coverage=o.min_text_coverage, detail=o.detail, low_detail_side=o.low_detail_side,
+                        injection_policy=o.injection_policy, max_hint_chars=o.max_hint_chars,
+                        allow_ocr=o.extract or o.hints == "ocr")
 
 
 def engine_settings(o: PagemillOptions) -> EngineSettings:
@@ -61,22 +81,35 @@ def extract_config(o: PagemillOptions) -> ExtractConfig:
 
 
 def render_key(o: PagemillOptions) -> str:
-    """The settings that change a page's pixels (so its page hash) are part of the cache configuration."""
-    return f"dpi={o.dpi};max_side={o.max_side};jpeg={o.jpeg_quality}"
+    """The settings that change a page's pixels (so its page hash) are part of the cache configuration,
+    and so are those that choose its hint and the detail it is sent at."""
+    return f"dpi={o.dpi};max_side={o.max_side};jpeg={o.jpeg_quality};{hints_key(o)}"
+
+
+def hints_key(o: PagemillOptions) -> str:
+    return (f"hints={o.hints};ocr={o.ocr_lang};coverage={o.min_text_coverage};detail={o.detail}:{o.low_detail_side};"
+            f"injection={o.injection_policy}")
 
 
 def build_pipeline(p: beam.Pipeline, o: PagemillOptions, run: Mapping[str, Any],
                    earlier_files: Sequence[str] = (), done_files: Sequence[str] = (),
-                   modified_since: float | None = None, modified_until: float | None = None) -> None:
+                   modified_since: float | None = None, modified_until: float | None = None, *,
+                   engine_factory: Callable[[EngineSettings], Engine] = Engine, ocr: Ocr | None = None) -> None:
     """`earlier_files`: `pages` files under the output root (the result cache; empty with --force);
-    `done_files`: this run id's `documents` files when resuming."""
+    `done_files`: this run id's `documents` files when resuming. `engine_factory` and `ocr` replace
+    the vLLM engine and Tesseract (tests put probes there)."""
     listed = (
         p
         | "List" >> ListObjects(o.input, modified_since, modified_until)
         | "SkipDone" >> SkipDoneDocuments(list(done_files))
     )
     intake = listed | "Intake" >> beam.ParDo(IntakeDoFn(intake_limits(o))).with_outputs(REJECTED, main="accepted")
-    dedup = intake.accepted | "DedupDocuments" >> DedupDocuments()
+    # Blocklisted documents stop here, before dedup (every copy is quarantined) and before rendering.
+    gated = (
+        intake.accepted
+        | "DocumentGate" >> beam.ParDo(DocumentGateDoFn(safety_config(o))).with_outputs(QUARANTINED, main="clean")
+    )
+    dedup = gated.clean | "DedupDocuments" >> DedupDocuments()
     to_render, cached = dedup.kept, None
     earlier = p | "NoEarlier" >> beam.Create([])
     if o.extract and earlier_files:
@@ -88,10 +121,15 @@ def build_pipeline(p: beam.Pipeline, o: PagemillOptions, run: Mapping[str, Any],
         to_render
         | "RenderPages" >> beam.ParDo(RenderPagesDoFn(render_settings(o))).with_outputs(FAILED_PAGES, main="pages")
     )
-    extracted = extract_pages(rendered.pages, o, earlier)
-    parts = (extracted, rendered[FAILED_PAGES]) + ((cached,) if cached is not None else ())
+    safe = (
+        rendered.pages
+        | "SafetyGate" >> beam.ParDo(SafetyGateDoFn(safety_config(o))).with_outputs(QUARANTINED, main="clean")
+    )
+    hinted = safe.clean | "Hints" >> beam.ParDo(HintsDoFn(hint_settings(o), ocr))
+    extracted = extract_pages(hinted, o, earlier, engine_factory)
+    parts = (extracted, rendered[FAILED_PAGES], safe[QUARANTINED]) + ((cached,) if cached is not None else ())
     pages = parts | "AllPages" >> beam.Flatten()
     kept = pages | "Outcomes" >> DocumentOutcomes(dedup.kept)
-    documents = (intake[REJECTED], dedup[DUPLICATES], kept) | "AllDocuments" >> beam.Flatten()
+    documents = (intake[REJECTED], gated[QUARANTINED], dedup[DUPLICATES], kept) | "AllDocuments" >> beam.Flatten()
     _ = documents | "Write" >> WriteTables(o.output, run, pages)
     _ = (documents, pages) | "Progress" >> beam.Flatten() | "Report" >> beam.ParDo(ProgressDoFn(o.progress_every_s))

@@ -21,9 +21,10 @@ from schemas.extraction import ExtractionSchema
 from schemas.records import ExtractionResult, PageImage, PageRef, PageRow, PageTask
 from transforms import budget
 from transforms.cache import CACHED, cached_row
+from transforms.detail import low_detail_size, resize_for_detail
 from transforms.engine import Engine, EngineSettings
-from transforms.postfilter import SchemaValidator
-from transforms.prompt import DecodingParams, cache_key, chat_messages, clean_hint, config_key
+from transforms.postfilter import SchemaValidator, output_flags
+from transforms.prompt import SYSTEM_PROMPT, DecodingParams, cache_key, chat_messages, config_key
 
 log = logging.getLogger(__name__)
 INVALID_REASONS = ("invalid_json", "schema_invalid", "truncated")
@@ -72,10 +73,12 @@ class _Request:
 
 
 def make_task(page: PageImage, engine: EngineSettings, cfg: ExtractConfig) -> tuple[str, PageTask]:
-    """Key a page by everything that can change its extraction. Pure."""
-    hint = clean_hint(page.text_layer, cfg.max_hint_chars) if page.text_layer.strip() else ""
-    key = cache_key(page.page_hash, cfg.config_key, hint)
-    tokens = budget.estimate_image_tokens(cfg.model_family, page.width, page.height)
+    """Key a page by everything that can change its extraction. Pure. The hint is the hints stage's
+    (already capped, fenced-marker free and scanned); a page sent at low detail is a different image."""
+    hint = page.hint
+    image_key = page.page_hash if not page.detail_side else f"{page.page_hash}@{page.detail_side}"
+    key = cache_key(image_key, cfg.config_key, hint)
+    tokens = budget.estimate_image_tokens(cfg.model_family, *low_detail_size(page.width, page.height, page.detail_side))
     tokens += budget.text_tokens_estimate(hint) + cfg.max_tokens
     return key, PageTask(page=page, cache_key=key, hint=hint, estimated_tokens=tokens)
 
@@ -85,7 +88,9 @@ def merge_copies(keyed: tuple[str, Iterable[PageTask]]) -> PageTask:
     tasks = sorted(keyed[1], key=lambda t: (t.page.source_uri, t.page.page_index))
     first = tasks[0]
     copies = tuple(PageRef(t.page.doc_sha256, t.page.source_uri, t.page.page_index, t.page.page_hash,
-                           t.page.width, t.page.height, t.page.hint_source) for t in tasks[1:])
+                           t.page.width, t.page.height, t.page.hint_source, flags=t.page.flags,
+                           flag_detail=t.page.flag_detail, hint_coverage=t.page.hint_coverage,
+                           pdq_hash=t.page.pdq_hash) for t in tasks[1:])
     return replace(first, copies=copies)
 
 
@@ -107,7 +112,7 @@ def prepare(task: PageTask, index: int, tokenizer: Any, cfg: ExtractConfig) -> _
                                          add_generation_prompt=True)
     # The template holds one image placeholder token, which the engine expands to image_tokens.
     text_tokens = len(tokenizer.encode(text, add_special_tokens=False)) - 1
-    img = Image.open(io.BytesIO(task.page.image)).convert("RGB")
+    img = resize_for_detail(Image.open(io.BytesIO(task.page.image)).convert("RGB"), task.page.detail_side)
     room = cfg.max_model_len - cfg.max_tokens - text_tokens
     if budget.estimate_image_tokens(cfg.model_family, img.width, img.height) > room:
         size = budget.fit_to_token_budget(img.width, img.height, room, cfg.model_family) if room > 0 else None
@@ -239,18 +244,27 @@ def to_rows(result: PredictionResult, engine: EngineSettings, cfg: ExtractConfig
     common = {"cache_key": task.cache_key, "config_key": cfg.config_key, "schema_id": cfg.schema.schema_id,
               "schema_hash": cfg.schema.schema_hash,
               "model": engine.model, "model_revision": engine.model_revision, "extraction": r.extraction,
-              "validation_errors": r.validation_errors, "reason_code": r.reason_code, "message": r.message}
+              "validation_errors": r.validation_errors, "reason_code": r.reason_code, "message": r.message,
+              "hint": task.hint or None, "detail": page.detail}
+    out = output_flags(r.extraction, cfg.schema.schema, SYSTEM_PROMPT)
+    saved = 0
+    if page.detail_side and r.image_tokens:  # sent at low detail: what full detail would have cost more
+        saved = max(0, budget.estimate_image_tokens(cfg.model_family, page.width, page.height) - r.image_tokens)
     yield PageRow(doc_sha256=page.doc_sha256, source_uri=page.source_uri, page_index=page.page_index,
                   status=r.status, page_hash=page.page_hash, width=page.width, height=page.height,
                   hint_source=page.hint_source, route="model" if r.attempts else "failed",
                   image_tokens=r.image_tokens, text_tokens=r.text_tokens, output_tokens=r.output_tokens,
                   attempts=r.attempts, gpu_seconds=r.gpu_seconds,
-                  cost_usd=r.gpu_seconds * cfg.gpu_hourly_usd / 3600.0, api_equivalent_usd=api_usd, **common)
+                  cost_usd=r.gpu_seconds * cfg.gpu_hourly_usd / 3600.0, api_equivalent_usd=api_usd,
+                  flags=tuple(dict.fromkeys(page.flags + out.flags)), flag_detail=page.flag_detail + out.notes,
+                  hint_coverage=page.hint_coverage, pdq_hash=page.pdq_hash, image_tokens_saved=saved, **common)
     for ref in task.copies:
         status = "duplicate" if r.status == "ok" else r.status
         yield PageRow(doc_sha256=ref.doc_sha256, source_uri=ref.source_uri, page_index=ref.page_index,
                       status=status, page_hash=ref.page_hash, width=ref.width, height=ref.height,
-                      hint_source=ref.hint_source, route="duplicate", **common)
+                      hint_source=ref.hint_source, route="duplicate",
+                      flags=tuple(dict.fromkeys(ref.flags + out.flags)), flag_detail=ref.flag_detail + out.notes,
+                      hint_coverage=ref.hint_coverage, pdq_hash=ref.pdq_hash, **common)
 
 
 class _CacheOrModel(beam.DoFn):

@@ -20,6 +20,7 @@ from PIL import Image, ImageOps
 from schemas.records import DocumentRecord, PageImage, PageRow
 from transforms.formats import PDFIUM_LOCK, PdfPasswordError, load_pdf, open_image
 from transforms.intake import read_capped
+from transforms.textlayer import TextEvidence, pdf_text_evidence
 
 FAILED_PAGES = "failed_pages"
 MAX_ASPECT = 100  # well inside the 200:1 that Qwen2-VL's processor accepts, after its own rounding
@@ -85,14 +86,18 @@ def encode_page(img: Image.Image, quality: int) -> bytes:
     return buf.getvalue()
 
 
-def _finish(doc: DocumentRecord, index: int, img: Image.Image, text: str, s: RenderSettings) -> PageImage:
+def _finish(doc: DocumentRecord, index: int, img: Image.Image, text: str, s: RenderSettings,
+            evidence: TextEvidence | None = None) -> PageImage:
+    evidence = evidence or TextEvidence(coverage=0.0, invisible=())
     return PageImage(doc_sha256=doc.doc_sha256, source_uri=doc.uri, page_index=index, page_hash=page_hash(img),
                      image=encode_page(img, s.jpeg_quality), width=img.width, height=img.height,
-                     text_layer=text[: s.max_text_chars])
+                     text_layer=text[: s.max_text_chars], text_coverage=evidence.coverage,
+                     invisible_text=tuple(t[:500] for t in evidence.invisible[:50]))
 
 
-def render_pdf_page(pdf: pdfium.PdfDocument, index: int, s: RenderSettings) -> tuple[Image.Image, str]:
-    """Render one page (the caller holds the pdfium lock) and read its text layer."""
+def render_pdf_page(pdf: pdfium.PdfDocument, index: int,
+                    s: RenderSettings) -> tuple[Image.Image, str, TextEvidence]:
+    """Render one page (the caller holds the pdfium lock), read its text layer, and compare the two."""
     page = pdf[index]
     try:
         width, height = page.get_size()
@@ -104,10 +109,11 @@ def render_pdf_page(pdf: pdfium.PdfDocument, index: int, s: RenderSettings) -> t
         bitmap.close()
         textpage = page.get_textpage()
         text = textpage.get_text_bounded()
+        evidence = pdf_text_evidence(page, textpage, img)
         textpage.close()
     finally:
         page.close()
-    return normalise(img, s.max_side), text
+    return normalise(img, s.max_side), text, evidence
 
 
 def render_pdf(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterator[PageImage | PageRow]:
@@ -119,8 +125,8 @@ def render_pdf(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterator[
             try:
                 # The lock is held for one page only (never across a yield), so threads interleave.
                 with PDFIUM_LOCK:
-                    img, text = render_pdf_page(pdf, index, s)
-                yield _finish(doc, index, img, text, s)
+                    img, text, evidence = render_pdf_page(pdf, index, s)
+                yield _finish(doc, index, img, text, s, evidence)
             except PageError as err:
                 yield failed_page(doc, index, err.reason_code, str(err))
             except Exception as err:  # noqa: BLE001 - one bad page must not fail its document

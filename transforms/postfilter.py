@@ -129,3 +129,107 @@ def _ecma_pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> I
         pattern = pattern[:-1] + r"\Z"
     if not re.search(pattern, instance):
         yield ValidationError(f"{instance!r} does not match {schema['pattern']!r}")
+
+
+# --- Output flags ----------------------------------------------------------------------------------
+# A valid extraction can still be a bad one: it may show that an injection worked (the model repeated
+# its instructions or role text, or followed instructions found on the page), hold personal data that
+# the schema never asked for, or be a refusal dressed as JSON. Each becomes a flag on the `pages` row
+# (schemas/records.py FLAGS) with a line of evidence in `flag_detail`; the values themselves are
+# masked there (digits -> 9, letters -> a), never copied.
+
+REFUSAL = re.compile(
+    r"\b(?:i'?m\s+sorry|i\s+am\s+sorry|i\s+apologi[sz]e|i\s+(?:can(?:'|no)?t|can\s+not|cannot|am\s+unable\s+to|"
+    r"won'?t|will\s+not)\s+(?:help|assist|comply|provide|do\s+that|extract|process|fulfil+)|as\s+an\s+ai\b|"
+    r"i'?m\s+not\s+able\s+to|against\s+my\s+(?:guidelines|policy|policies))"
+    r"|\b(?:es\s+tut\s+mir\s+leid|ich\s+kann\s+(?:das|dabei|ihnen)\s+nicht|je\s+suis\s+désolé|je\s+ne\s+peux\s+pas|"
+    r"lo\s+siento|no\s+puedo\s+ayudar|mi\s+dispiace|non\s+posso)",
+    re.IGNORECASE)
+# Words in a field's name, title or description that mean the schema asks for that kind of data.
+ASKS_FOR = {
+    "email": {"email", "e-mail", "mail"},
+    "phone": {"phone", "telephone", "tel", "fax", "mobile", "contact"},
+    "card": {"card", "pan"},
+    "iban": {"iban", "bank", "account"},
+    "national_id": {"ssn", "national", "nino", "passport", "tax", "dni", "nie", "identity", "id"},
+}
+LEAK_SHINGLE = 6  # words in a row of the system prompt that count as leaked
+
+
+@dataclass(frozen=True)
+class OutputFlags:
+    flags: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def _shingles(text: str, n: int) -> set[tuple[str, ...]]:
+    words = _words(text)
+    return {tuple(words[i: i + n]) for i in range(len(words) - n + 1)}
+
+
+def _asked(node: Any, names: tuple[str, ...]) -> set[str]:
+    """The PII kinds a field asks for, from its path's names and its schema node's text."""
+    words: set[str] = set()
+    for name in names:
+        words.update(_words(name.replace("_", " ")))
+    if isinstance(node, dict):
+        for key in ("title", "description"):
+            if isinstance(node.get(key), str):
+                words.update(_words(node[key]))
+        if node.get("format") == "email":
+            words.add("email")
+    return {kind for kind, keys in ASKS_FOR.items() if words & keys}
+
+
+def _strings(value: Any, node: Any, names: tuple[str, ...]) -> Iterator[tuple[str, Any, tuple[str, ...]]]:
+    """(text, schema node, path names) of every string (and integer) in an extraction."""
+    if isinstance(value, dict):
+        props = node.get("properties", {}) if isinstance(node, dict) else {}
+        for key, item in value.items():
+            yield from _strings(item, props.get(key) if isinstance(props, dict) else None, (*names, str(key)))
+    elif isinstance(value, list):
+        items = node.get("items") if isinstance(node, dict) else None
+        for item in value:
+            yield from _strings(item, items, names)
+    elif isinstance(value, str):
+        yield value, node, names
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**8:
+        yield str(value), node, names
+
+
+def output_flags(extraction: str | None, schema: dict[str, Any], system_prompt: str = "") -> OutputFlags:
+    """Flags for one extraction (JSON text): `injection_success`, `pii` + `pii_<kind>`, `refusal`."""
+    if not extraction:
+        return OutputFlags()
+    from transforms import injection, pii
+
+    try:
+        value = json.loads(extraction)
+    except ValueError:
+        return OutputFlags()
+    leaked = _shingles(system_prompt, LEAK_SHINGLE) if system_prompt else set()
+    flags: list[str] = []
+    notes: list[str] = []
+    for text, node, names in _strings(value, schema, ()):
+        where = "/" + "/".join(names)
+        hits = [m for m in injection.scan(text) if m.category in ("override", "role", "addressed", "system_prompt")]
+        if hits:
+            flags.append("injection_success")
+            notes.append(f"injection_success: {where}: {hits[0].describe()}"[:200])
+        if leaked and _shingles(text, LEAK_SHINGLE) & leaked:
+            flags.append("injection_success")
+            notes.append(f"injection_success: {where}: repeats the system prompt"[:200])
+        if REFUSAL.search(text):
+            flags.append("refusal")
+            notes.append(f"refusal: {where}: {REFUSAL.search(text).group(0)!r}"[:200])  # type: ignore[union-attr]
+        asked = _asked(node, names)
+        for kind, values in pii.find(text).items():
+            if kind in asked:
+                continue
+            flags += ["pii", f"pii_{kind}"]
+            notes.append(f"pii_{kind}: {where}: {pii.mask(values[0])}"[:200])
+    return OutputFlags(tuple(dict.fromkeys(flags)), tuple(dict.fromkeys(notes)))

@@ -4,9 +4,11 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -22,19 +24,39 @@ from tests import docmaker
 from tests.conftest import vllm_available
 from transforms.write import write_rows
 
-moto_server = pytest.importorskip("moto.server")
+pytest.importorskip("moto")
 boto3 = pytest.importorskip("boto3")
 REPO = Path(__file__).resolve().parents[2]
 
 
+def start_moto(extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """A real S3 server (moto) on 127.0.0.1, port 0, in its own process: flask must not be imported
+    into the test process, where vLLM's in-process engine trips over flask's context proxies."""
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
+                            env={**os.environ, **(extra_env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        found = re.search(r"Running on (http://127\.0\.0\.1:\d+)", proc.stdout.readline())
+        if found:
+            # Keep reading its request log, or the pipe fills and the server blocks.
+            threading.Thread(target=proc.stdout.read, daemon=True).start()
+            return proc, found.group(1)
+    proc.kill()
+    raise RuntimeError("moto server did not start")
+
+
+def stop_moto(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
 @pytest.fixture(scope="module")
 def s3() -> Iterator[dict[str, str]]:
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    creds = {"endpoint": f"http://{host}:{port}", "key": "testing", "secret": "testing", "region": "us-east-1"}
-    yield creds
-    server.stop()
+    proc, endpoint = start_moto()
+    yield {"endpoint": endpoint, "key": "testing", "secret": "testing", "region": "us-east-1"}
+    stop_moto(proc)
 
 
 def client(s3: dict[str, str]):
@@ -146,25 +168,9 @@ def bare_env(tmp_path: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def s3_with_auth() -> Iterator[str]:
     """A second server that checks credentials (moto accepts any key unless IAM checks are on)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.1)
+    proc, endpoint = start_moto({"INITIAL_NO_AUTH_ACTION_COUNT": "0"})
     yield endpoint
-    proc.terminate()
-    proc.wait(timeout=10)
+    stop_moto(proc)
 
 
 @pytest.mark.parametrize("case", ["missing_bucket", "wrong_credentials", "no_credentials"])
@@ -224,7 +230,7 @@ def test_killed_run_resumes_without_duplicates_or_losses(s3: dict[str, str], tmp
 def test_second_run_makes_zero_model_calls(s3: dict[str, str], test_model_dir: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     make_bucket(s3, "cache", {"in/invoice.pdf": docmaker.invoice_pdf(), "in/report.pdf": docmaker.multipage_pdf(2),
-                              "in/dup.pdf": docmaker.invoice_pdf()})
+                              "in/zz-dup.pdf": docmaker.invoice_pdf()})
     base = ["run", "--input", "s3://cache/in/", "--output", "s3://cache/out", "--model", str(test_model_dir),
             "--max-tokens", "384", "--kv-cache-gib", "0.25", "--max-side", "640", "--progress-every-s", "0",
             *flags(s3)]
@@ -234,7 +240,7 @@ def test_second_run_makes_zero_model_calls(s3: dict[str, str], test_model_dir: P
     assert "model calls 0," in out.split("pagemill: 3 documents")[-1]
     second = {r["source_uri"].rsplit("/", 1)[-1]: r for r in docs("s3://cache/out", s3, "run_id = 'second'")}
     assert {k: v["outcome"] for k, v in second.items()} == {"invoice.pdf": "cached", "report.pdf": "cached",
-                                                           "dup.pdf": "duplicate"}
+                                                           "zz-dup.pdf": "duplicate"}
     _columns, values = sql.query("s3://cache/out", "SELECT run_id, route, count(*) FROM ledger GROUP BY ALL",
                                 storage(s3))
     routes = {(r, route): n for r, route, n in values}

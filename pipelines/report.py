@@ -1,0 +1,183 @@
+"""`pagemill report --output URI [--run-id ID] --html FILE`: one self-contained HTML file about one run.
+
+The figures come from the tables (through `pipelines.sql` and the named queries) and the run's manifest;
+the page (`report_template.html`) draws them as inline SVG with its own small script: no CDN, no network,
+nothing fetched. Every string from the data (file names, reason messages) is written with `textContent`
+by the script or escaped here, never parsed as HTML, and the data block cannot close its `<script>`.
+
+Pages/s "over the run": every row of a run carries the run's start time, so the tables hold no timeline
+within a run, and the tables are not changed for a report. The report shows instead the run's pages/s
+(pages / manifest wall time), the engine's (model pages / summed GPU-seconds), the render stage's (from the
+manifest's `render_ms` distribution, per worker thread), and pages/s of every run under the output root over
+time, the current one marked.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import html
+import json
+import re
+import sys
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+import duckdb
+from apache_beam.io.filesystems import FileSystems
+
+from pipelines import queries, sql
+from pipelines.storage import StorageConfig, add_storage_args, configure, storage_from
+
+HISTOGRAM_BINS = 12
+
+
+def latest_run(con: duckdb.DuckDBPyConnection) -> str | None:
+    row = con.execute("SELECT run_id FROM (SELECT run_id, started_at AS t FROM runs UNION ALL "
+                      "SELECT run_id, CAST(max(created_at) AS VARCHAR) FROM documents GROUP BY 1) "
+                      "ORDER BY t DESC NULLS LAST, run_id DESC LIMIT 1").fetchone()
+    return row[0] if row else None
+
+
+def _dicts(con: duckdb.DuckDBPyConnection, query: str, params: Sequence[Any] | dict[str, Any]) -> list[dict[str, Any]]:
+    rel = con.execute(query, params)
+    columns = [d[0] for d in rel.description]
+    return [dict(zip(columns, r, strict=True)) for r in rel.fetchall()]
+
+
+def funnel(outcomes: dict[str, int]) -> list[dict[str, Any]]:
+    """Documents left after each step, in pipeline order, and what the step took away."""
+    listed = sum(outcomes.values())
+    steps = [("listed", None, 0), ("accepted", "rejected", outcomes.get("rejected", 0)),
+             ("deduplicated", "duplicates", outcomes.get("duplicate", 0)),
+             ("not cached", "cached", outcomes.get("cached", 0)),
+             ("past the safety gate", "quarantined", outcomes.get("quarantined", 0))]
+    out, left = [], listed
+    for label, removed, n in steps:
+        left -= n
+        note = (f"\u2212{n} {removed}" if n else f"no {removed}") if removed else "every listed object"
+        out.append({"label": label, "value": left, "note": note})
+    others = ", ".join(f"{outcomes[k]} {k}" for k in ("partial", "failed", "rendered") if outcomes.get(k))
+    out.append({"label": "extracted", "value": outcomes.get("extracted", 0), "note": others or "every page ok"})
+    return out
+
+
+def histogram(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
+    """Tokens per model page (image + text + output) in equal-width bins, and the mean of each part."""
+    lo, hi, n, img, txt, out = con.execute(
+        "SELECT min(t), max(t), count(*), avg(image_tokens), avg(text_tokens), avg(output_tokens) FROM "
+        "(SELECT *, image_tokens + text_tokens + output_tokens AS t FROM ledger WHERE run_id = ? AND route = 'model')",
+        [run_id]).fetchone()
+    if not n:
+        return {"bins": [], "pages": 0}
+    width = max(1, -(-(hi - lo + 1) // HISTOGRAM_BINS))
+    counts = dict(con.execute(
+        "SELECT (image_tokens + text_tokens + output_tokens - ?) // ? AS b, count(*) FROM ledger "
+        "WHERE run_id = ? AND route = 'model' GROUP BY 1", [lo, width, run_id]).fetchall())
+    bins = [{"from": lo + i * width, "to": lo + (i + 1) * width - 1, "pages": counts.get(i, 0)}
+            for i in range(max(counts) + 1)]
+    return {"bins": bins, "pages": n, "mean": {"image": img, "text": txt, "output": out}}
+
+
+def throughput(con: duckdb.DuckDBPyConnection, run_id: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    pages, model_pages, engine_s = con.execute(
+        "SELECT count(*), count(*) FILTER (WHERE route = 'model'), sum(gpu_seconds) FROM ledger WHERE run_id = ?",
+        [run_id]).fetchone()
+    wall = manifest.get("wall_seconds")
+    render = (manifest.get("stage_timings") or {}).get("render_ms")
+    runs = _dicts(con, "SELECT run_id, started_at, pages, wall_seconds, pages / nullif(wall_seconds, 0) AS pages_per_s "
+                       "FROM runs ORDER BY started_at, run_id", [])
+    return {"run": {"pages": pages, "wall_seconds": wall, "pages_per_s": pages / wall if wall else None},
+            "engine": {"pages": model_pages, "seconds": engine_s,
+                       "pages_per_s": model_pages / engine_s if engine_s else None},
+            "render": {"pages": render["count"], "seconds": render["sum"] / 1000,
+                       "pages_per_s": render["count"] / (render["sum"] / 1000) if render["sum"] else None}
+            if isinstance(render, dict) else None,
+            "runs": runs}
+
+
+def collect(output: str, storage: StorageConfig | None = None, run_id: str | None = None) -> dict[str, Any]:
+    """Everything the report shows, as one JSON-ready dict."""
+    con = sql.connect(output, storage)
+    try:
+        run_id = run_id or latest_run(con)
+        if run_id is None:
+            raise ValueError(f"no run under {output}")
+        outcomes = dict(con.execute("SELECT outcome, count(*) FROM documents WHERE run_id = ? GROUP BY 1",
+                                    [run_id]).fetchall())
+        if not outcomes:
+            raise ValueError(f"no run {run_id!r} under {output}")
+        row = con.execute("SELECT manifest FROM runs WHERE run_id = ?", [run_id]).fetchone()
+        manifest = json.loads(row[0]) if row else {}
+        routes = _dicts(con, "SELECT route, count(*) AS pages, sum(cost_usd) AS cost_usd, "
+                             "sum(api_equivalent_usd) AS api_usd, 1000 * sum(cost_usd) / count(*) AS usd_per_1k, "
+                             "1000 * sum(api_equivalent_usd) / count(*) AS api_per_1k FROM ledger WHERE run_id = ? "
+                             "GROUP BY ALL ORDER BY pages DESC, route", [run_id])
+        hist = histogram(con, run_id)
+        speed = throughput(con, run_id, manifest)
+    finally:
+        con.close()
+    named = {name: _named(output, storage, name, run_id) for name in ("cost-by-run", "cache-savings", "reject-reasons")}
+    return {"run_id": run_id, "output": output, "generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "started_at": manifest.get("started_at"), "outcomes": outcomes, "funnel": funnel(outcomes),
+            "routes": routes, "histogram": hist, "throughput": speed,
+            "reasons": [{"label": f"{r['level']}: {r['reason_code']}", "value": r["n"], "note": r["example"]}
+                        for r in named["reject-reasons"]],
+            "cost": named["cost-by-run"][0] if named["cost-by-run"] else {}, "savings": named["cache-savings"]}
+
+
+def _named(output: str, storage: StorageConfig | None, name: str, run_id: str) -> list[dict[str, Any]]:
+    columns, rows = queries.run(output, name, storage, run_id=run_id)
+    return [dict(zip(columns, r, strict=True)) for r in rows]
+
+
+def summary_rows(data: dict[str, Any]) -> list[tuple[str, str]]:
+    c = data["cost"]
+    saved = sum(s["saved_usd"] or 0 for s in data["savings"])
+    saved_api = sum(s["saved_api_usd"] or 0 for s in data["savings"])
+    t = data["throughput"]["run"]
+    rows = [("run", data["run_id"]), ("output", data["output"]), ("started", str(data["started_at"] or "unknown")),
+            ("documents", f"{sum(data['outcomes'].values()):,} listed: " +
+             ", ".join(f"{v:,} {k}" for k, v in sorted(data["outcomes"].items())))]
+    if c:
+        rows += [("pages", f"{c['pages']:,} ({c['model_pages']:,} through the model, {c['reused_pages']:,} reused)"),
+                 ("tokens", f"image {c['image_tokens']:,}, text {c['text_tokens']:,}, output {c['output_tokens']:,}"),
+                 ("cost", f"${c['cost_usd']:,.6f} self-hosted (${c['usd_per_1k_pages']:,.4f} per 1,000 pages); "
+                          f"${c['api_equivalent_usd']:,.6f} at the hosted API's list price")]
+    rows.append(("saved by dedup and cache", f"${saved:,.6f} self-hosted, ${saved_api:,.6f} at API prices"))
+    if t["pages_per_s"]:
+        rows.append(("throughput", f"{t['pages_per_s']:.2f} pages/s over {t['wall_seconds']:.1f} s of wall time"))
+    return rows
+
+
+def render_html(data: dict[str, Any]) -> str:
+    template = resources.files("pipelines").joinpath("report_template.html").read_text(encoding="utf-8")
+    table = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in summary_rows(data))
+    # `<` is escaped as \u003c inside the JSON, so no string in the data can close the <script> element.
+    blob = json.dumps(data, default=str, sort_keys=True).replace("<", "\\u003c").replace(">", "\\u003e")
+    blob = blob.replace("&", "\\u0026")
+    parts = {"<!--TITLE-->": html.escape(f"pagemill run {data['run_id']}"), "<!--SUMMARY-->": table,
+             "/*DATA*/null": blob}
+    # One pass, so that text inserted for one marker is never searched for another.
+    return re.sub("|".join(re.escape(k) for k in parts), lambda m: parts[m.group(0)], template)
+
+
+def command(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="pagemill report", allow_abbrev=False,
+                                     description="One self-contained HTML report of a run (no network to open it).")
+    parser.add_argument("--output", required=True, help="output root that `pagemill run` wrote")
+    parser.add_argument("--run-id", default=None, help="the run (default: the latest)")
+    parser.add_argument("--html", required=True, help="the HTML file to write")
+    add_storage_args(parser)
+    args = parser.parse_args(argv)
+    storage = storage_from(vars(args))
+    configure(storage)
+    try:
+        data = collect(args.output, storage, args.run_id)
+    except (ValueError, duckdb.Error) as err:
+        print(f"pagemill report: {err}", file=sys.stderr)
+        return 1
+    with FileSystems.create(args.html) as handle:  # a local path or any Beam filesystem (s3://)
+        handle.write(render_html(data).encode("utf-8"))
+    print(f"pagemill report: run {data['run_id']} -> {args.html}")
+    return 0

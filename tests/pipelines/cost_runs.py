@@ -1,0 +1,79 @@
+"""Runs shared by test_estimate, test_queries and test_report: made once per test session (the engine start
+and the run dominate their cost), each into its own temp folder.
+
+- `inputs_folder`: invoices (one copied: a duplicate document), two reports that share a terms page (a
+  duplicate page), a scan, a PDF whose middle page is 20,000 pt wide (a failed page: `page_too_large`), a
+  truncated PDF and a text file (rejected), and a file whose name is HTML.
+- `extract_runs`: two runs with the tiny model under one output root, `t1` and then `t2` over the same inputs
+  (the second finds the first's results, if the result cache is built).
+- `render_run`: the same inputs, `--extract false`.
+"""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from pipelines import cli
+from tests import docmaker
+
+HTML_NAME = "<img src=x onerror=alert(1)>.pdf"
+# The flags of tests/pipelines/test_run_extract.py (small pages and outputs keep the CPU engine quick), with the
+# hint and detail of every page fixed: text layer, full detail (auto decides both from the rendered page).
+RUN_FLAGS = ["--schema", "invoice", "--max-tokens", "384", "--kv-cache-gib", "0.25", "--max-side", "800",
+             "--progress-every-s", "0", "--hints", "text_layer", "--detail", "high"]
+_made: dict[str, Path] = {}
+
+
+def wide_middle_page_pdf() -> bytes:
+    """Three pages, the middle one 20,000 pt wide (over --max-page-points): that page fails, the others render."""
+    from pypdf import PdfReader, PdfWriter
+
+    writer = PdfWriter()
+    for data in (docmaker.text_pdf([["Wide document", "first page"]]),
+                 docmaker.text_pdf([["A banner"]], page_size=(20000, 842)),
+                 docmaker.text_pdf([["Wide document", "last page"]])):
+        writer.add_page(PdfReader(io.BytesIO(data)).pages[0])
+    buf = io.BytesIO()
+    writer.write(buf)
+    return buf.getvalue()
+
+
+def inputs_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if "inputs" not in _made:
+        root = tmp_path_factory.mktemp("cost-inputs")
+        (root / "invoice.pdf").write_bytes(docmaker.invoice_pdf())
+        (root / "zz-invoice-copy.pdf").write_bytes(docmaker.invoice_pdf())
+        (root / "report-a.pdf").write_bytes(docmaker.multipage_pdf(2, terms_page=True))
+        (root / "report-b.pdf").write_bytes(docmaker.text_pdf([["Another report", "Different first page"],
+                                                                docmaker.TERMS_LINES]))
+        (root / "scan.png").write_bytes(docmaker.scanned_png())
+        (root / "wide.pdf").write_bytes(wide_middle_page_pdf())
+        (root / "corrupt.pdf").write_bytes(docmaker.truncated_pdf())
+        (root / "notes.txt").write_bytes(b"not a document\n")
+        (root / HTML_NAME).write_bytes(b"<html>not a pdf</html>\n")
+        _made["inputs"] = root
+    return _made["inputs"]
+
+
+def extract_runs(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Path:
+    """Output root holding runs t1 and t2 of the tiny model over `inputs_folder`."""
+    if "extract" not in _made:
+        inputs, output = inputs_folder(tmp_path_factory), tmp_path_factory.mktemp("cost-out")
+        for run_id in ("t1", "t2"):
+            code = cli.main(["run", "--input", str(inputs), "--output", str(output), "--run-id", run_id,
+                             "--model", str(model_dir), "--model-revision", "tiny", *RUN_FLAGS])
+            assert code == 0
+        _made["extract"] = output
+    return _made["extract"]
+
+
+def render_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if "render" not in _made:
+        inputs, output = inputs_folder(tmp_path_factory), tmp_path_factory.mktemp("render-out")
+        code = cli.main(["run", "--input", str(inputs), "--output", str(output), "--run-id", "r1",
+                         "--extract", "false", "--max-side", "800", "--progress-every-s", "0"])
+        assert code == 0
+        _made["render"] = output
+    return _made["render"]

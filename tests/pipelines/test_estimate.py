@@ -1,0 +1,270 @@
+"""`pagemill estimate`: page sizes equal what the page stage renders, counts equal what a run writes, image
+(and text) tokens equal the engine's own counts for the tiny model, and the demo and corpus folders price."""
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from pipelines import cli, sql
+from pipelines.estimate_scan import ScanSettings, scan_data, scan_object
+from schemas.records import DocumentRecord, ListedObject, PageImage
+from tests import docmaker
+from tests.conftest import vllm_available
+from tests.pipelines import cost_runs
+from transforms import budget
+from transforms.intake import IntakeLimits
+from transforms.pages import RenderSettings, render_document
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = REPO.parent / "shared" / "corpus" / "extraction_gt"
+LIMITS = IntakeLimits(max_bytes=50 * 2**20, max_pages=5000, max_image_pixels=89_478_485)
+needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")
+
+
+def estimate_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    capsys.readouterr()
+    assert cli.main(["estimate", "--format", "json", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def rendered_sizes(data: bytes, dpi: float, max_side: int, limit: int | None = None) -> list[tuple[int, int] | str]:
+    """What transforms.pages really produces: (width, height) of each page, or its reason code."""
+    settings = RenderSettings(dpi=dpi, max_side=max_side, jpeg_quality=90, max_text_chars=20_000,
+                              max_page_points=14_400, max_image_pixels=LIMITS.max_image_pixels,
+                              max_bytes=LIMITS.max_bytes)
+    result = scan_data(ListedObject("mem://doc", len(data)), data, ScanSettings(LIMITS, dpi, max_side, 14_400, 20_000,
+                                                                               True))
+    assert result.status == "accepted", result
+    doc = DocumentRecord("mem://doc", len(data), result.doc_sha256 or "", result.format or "", len(result.pages))
+    out: list[tuple[int, int] | str] = []
+    for page in render_document(doc, data, settings):
+        if isinstance(page, PageImage):
+            assert Image.open(io.BytesIO(page.image)).size == (page.width, page.height)
+            out.append((page.width, page.height))
+        else:
+            out.append(page.reason_code or "?")
+        if limit and len(out) >= limit:
+            break
+    return out
+
+
+def estimated_sizes(data: bytes, dpi: float, max_side: int, limit: int | None = None) -> list[tuple[int, int] | str]:
+    result = scan_data(ListedObject("mem://doc", len(data)), data, ScanSettings(LIMITS, dpi, max_side, 14_400, 20_000,
+                                                                               False))
+    pages = result.pages[:limit] if limit else result.pages
+    return [p.reason_code if p.reason_code else (p.width, p.height) for p in pages]
+
+
+def rotated_pdf() -> bytes:
+    from pypdf import PdfReader, PdfWriter
+
+    writer = PdfWriter()
+    for i, page in enumerate(PdfReader(io.BytesIO(docmaker.multipage_pdf(3))).pages):
+        writer.add_page(page.rotate(90 * i))
+    buf = io.BytesIO()
+    writer.write(buf)
+    return buf.getvalue()
+
+
+def odd_tiff() -> bytes:
+    frames = [Image.new("RGB", size, "white") for size in ((1700, 2200), (300, 40), (2000, 15))]
+    buf = io.BytesIO()
+    frames[0].save(buf, "TIFF", save_all=True, append_images=frames[1:])
+    return buf.getvalue()
+
+
+def exif_png() -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = 8
+    buf = io.BytesIO()
+    Image.new("RGB", (900, 1400), "white").save(buf, "PNG", exif=exif.tobytes())
+    return buf.getvalue()
+
+
+DOCUMENTS: dict[str, Callable[[], bytes]] = {
+    "invoice": docmaker.invoice_pdf, "letter": lambda: docmaker.text_pdf([["Letter"]], page_size=(612, 792)),
+    "odd-points": lambda: docmaker.text_pdf([["Odd"]], page_size=(1001, 333)),
+    "wide-page": cost_runs.wide_middle_page_pdf, "rotated": rotated_pdf,
+    "scan": docmaker.scanned_png, "exif-jpeg": docmaker.exif_rotated_jpeg, "exif-png": exif_png,
+    "tiff-frames": odd_tiff, "gif": docmaker.animated_gif, "tiny": docmaker.tiny_png, "cmyk": docmaker.jpeg_cmyk,
+    "webp": docmaker.webp, "bmp": docmaker.bmp,
+}
+
+
+@pytest.mark.parametrize("name", sorted(DOCUMENTS))
+@pytest.mark.parametrize(("dpi", "max_side"), [(150, 1288), (72, 800), (200, 2000), (300, 333)])
+def test_page_sizes_equal_the_rendered_pages(name: str, dpi: float, max_side: int) -> None:
+    data = DOCUMENTS[name]()
+    assert estimated_sizes(data, dpi, max_side) == rendered_sizes(data, dpi, max_side)
+
+
+@pytest.mark.skipif(not CORPUS.is_dir(), reason="../shared/corpus/ is absent")
+def test_page_sizes_equal_the_rendered_pages_on_the_corpus() -> None:
+    checked = 0
+    for path in sorted(CORPUS.rglob("*")):
+        if path.suffix.lower() not in (".pdf", ".png") or path.stat().st_size > LIMITS.max_bytes:
+            continue
+        data = path.read_bytes()
+        if scan_object(ListedObject(str(path), len(data)), ScanSettings(LIMITS, 150, 1288, 14_400, 1, False)).status \
+                != "accepted":
+            continue
+        assert estimated_sizes(data, 150, 1288, limit=3) == rendered_sizes(data, 150, 1288, limit=3), path
+        checked += 1
+    assert checked >= 50
+
+
+def test_counts_follow_intake_dedup_and_page_limits(tmp_path_factory: pytest.TempPathFactory,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    inputs = cost_runs.inputs_folder(tmp_path_factory)
+    r = estimate_json(capsys, "--input", str(inputs), "--max-side", "800", "--per-page", "--workers", "3")
+    d, p = r["documents"], r["pages"]
+    assert d["listed"] == len(list(inputs.iterdir()))
+    assert d["reject_reasons"] == {"unreadable": 1, "unsupported_format": 2}
+    assert (d["duplicate"], d["cached"], d["to_extract"]) == (1, 0, 5)
+    # invoice 1 + report-a 3 + report-b 2 + scan 1 + wide 3, plus the copy's page.
+    assert (p["in_accepted_documents"], p["duplicate"]) == (11, 1)
+    assert p["failed_before_model"] == {"page_too_large": 1}
+    assert p["to_model"] == 9 == sum(1 for x in r["per_page"] if x["status"] == "model")
+    model = [x for x in r["per_page"] if x["status"] == "model"]
+    assert r["tokens"]["image"] == sum(budget.estimate_image_tokens("qwen2_vl", x["sent_width"], x["sent_height"])
+                                       for x in model)
+    assert r["tokens"]["image_at_high_detail"] == sum(budget.estimate_image_tokens("qwen2_vl", x["width"], x["height"])
+                                                      for x in model)
+    assert r["tokens"]["text"] == sum(x["text_tokens"] for x in model)
+    assert r["tokens"]["output"] == 9 * 1024  # no --output: --max-tokens, the default
+    prices = budget.load_prices()
+    for h in r["hosted"]:
+        family = prices["providers"][h["provider"]]["image_family"]
+        image = sum(budget.estimate_image_tokens(family, x["sent_width"], x["sent_height"]) for x in model)
+        assert h["usd"] == pytest.approx(budget.api_cost_usd(h["provider"], image + r["tokens"]["text"],
+                                                             9 * 1024, prices))
+    s = r["self_hosted"]
+    assert s["usd"] == pytest.approx(9 / s["pages_per_s"] / 3600 * 2.5)
+    assert "NOT a measurement" in s["throughput_source"]
+
+
+def test_over_budget_pages_shrink_or_fail(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a.pdf").write_bytes(docmaker.invoice_pdf())
+    # Room for the prompt but only ~300 image tokens: the page is shrunk, as transforms.extract.prepare does.
+    text = estimate_json(capsys, "--input", str(tmp_path), "--per-page", "--max-model-len", "100000")["per_page"][0]
+    r = estimate_json(capsys, "--input", str(tmp_path), "--per-page", "--max-tokens", "100",
+                      "--max-model-len", str(text["text_tokens"] + 100 + 300))
+    (page,) = r["per_page"]
+    assert page["status"] == "model" and page["image_tokens"] <= 300 < text["image_tokens"]
+    assert (page["sent_width"], page["sent_height"]) == budget.fit_to_token_budget(page["width"], page["height"], 300)
+    r = estimate_json(capsys, "--input", str(tmp_path), "--per-page", "--max-model-len", "1000")
+    assert r["pages"]["failed_before_model"] == {"over_token_budget": 1}
+
+
+def test_detail_follows_the_hints_stage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    detail = pytest.importorskip("transforms.detail")
+    (tmp_path / "invoice.pdf").write_bytes(docmaker.invoice_pdf())
+    (tmp_path / "scan.png").write_bytes(docmaker.scanned_png())
+    full = {Path(p["source_uri"]).name: p for p in
+            estimate_json(capsys, "--input", str(tmp_path), "--per-page", "--detail", "high")["per_page"]}
+    for name in full:
+        assert (full[name]["sent_width"], full[name]["sent_height"]) == (full[name]["width"], full[name]["height"])
+    for mode, low_names in (("low", {"invoice.pdf", "scan.png"}), ("auto", {"invoice.pdf"})):
+        r = estimate_json(capsys, "--input", str(tmp_path), "--per-page", "--detail", mode, "--low-detail-side", "500")
+        for p in r["per_page"]:
+            name = Path(p["source_uri"]).name
+            image = Image.new("RGB", (p["width"], p["height"]))  # the page as rendered, then as extract sends it
+            sent = detail.resize_for_detail(image, 500).size if name in low_names else image.size
+            assert (p["sent_width"], p["sent_height"]) == sent, (mode, name)
+            assert p["image_tokens"] == budget.estimate_image_tokens("qwen2_vl", *sent)
+            assert p["high_detail_image_tokens"] == full[name]["image_tokens"]
+        assert r["tokens"]["image"] < r["tokens"]["image_at_high_detail"]
+
+
+def test_samples_folder_prints_tokens_and_dollars(capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    assert cli.main(["estimate", "--input", str(REPO / "samples"), "--pages-per-second", "2"]) == 0
+    out = capsys.readouterr().out
+    for text in ("documents  listed 6; rejected 2", "duplicate 1", "pages      5 to the model", "gpt-4o",
+                 "claude-sonnet", "gemini-2.5-flash", "2 pages/s, --pages-per-second", "prices read on 2026-"):
+        assert text in out, out
+
+
+def test_errors_are_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["estimate"]) == 2
+    assert cli.main(["estimate", "--input", str(tmp_path), "--pages-per-second", "0"]) == 1
+    assert cli.main(["estimate", "--input", str(tmp_path), "--schema", str(tmp_path / "missing.json")]) == 1
+    r = estimate_json(capsys, "--input", str(tmp_path / "missing.pdf"))
+    assert r["documents"]["reject_reasons"] == {"not_found": 1}
+
+
+@pytest.mark.skipif(not CORPUS.is_dir(), reason="../shared/corpus/ is absent")
+def test_corpus_prices(capsys: pytest.CaptureFixture[str]) -> None:
+    r = estimate_json(capsys, "--input", str(CORPUS))
+    files = [p for p in CORPUS.rglob("*") if p.is_file()]
+    assert r["documents"]["listed"] == len(files)
+    assert r["pages"]["to_model"] > 100 and r["tokens"]["image"] > 0 and r["tokens"]["text"] > 0
+    assert all(h["usd"] > 0 for h in r["hosted"]) and r["self_hosted"]["usd"] > 0
+    with capsys.disabled():
+        print(f"\ncorpus estimate: {r['documents']}, pages {r['pages']}, tokens {r['tokens']}, "
+              f"self-hosted ${r['self_hosted']['usd']:.4f}, " +
+              ", ".join(f"{h['provider']} ${h['usd']:.4f}" for h in r["hosted"]) + f", timing {r['timing']}")
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_tokens_equal_the_engine_counts(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    output = cost_runs.extract_runs(tmp_path_factory, test_model_dir)
+    _, rows = sql.query(str(output), "SELECT l.source_uri, l.page_index, l.image_tokens, l.text_tokens "
+                                     "FROM ledger l WHERE run_id = 't1' AND route = 'model'")
+    engine = {(u, i): (img, txt) for u, i, img, txt in rows}
+    assert len(engine) >= 7
+    r = estimate_json(capsys, "--input", str(cost_runs.inputs_folder(tmp_path_factory)), "--per-page",
+                      "--model", str(test_model_dir), *cost_runs.RUN_FLAGS)
+    assert any(a.startswith("text tokens: exact") for a in r["assumptions"]), r["assumptions"]
+    est = {(p["source_uri"], p["page_index"]): (p["image_tokens"], p["text_tokens"])
+           for p in r["per_page"] if p["status"] == "model"}
+    # Every page the engine saw, with the same image and text token counts. (The estimate also holds the
+    # second copy of the shared terms page, which the run extracted once.)
+    assert {k: est[k] for k in engine} == engine
+    assert len(est) == len(engine) + 1
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_cache_and_measured_output_tokens(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    output = cost_runs.extract_runs(tmp_path_factory, test_model_dir)
+    inputs = cost_runs.inputs_folder(tmp_path_factory)
+    r = estimate_json(capsys, "--input", str(inputs), "--output", str(output), "--model", str(test_model_dir),
+                      "--model-revision", "tiny", *cost_runs.RUN_FLAGS)
+    _, docs = sql.query(str(output), "SELECT count(*) FILTER (WHERE outcome = 'extracted'), "
+                                     "sum(page_count) FILTER (WHERE outcome IN ('partial', 'failed')) "
+                                     "FROM documents WHERE run_id = 't1'")
+    _, mean = sql.query(str(output), "SELECT avg(l.output_tokens) FROM ledger l JOIN pages p USING "
+                                     "(run_id, doc_sha256, page_index) WHERE l.route = 'model' AND p.status = 'ok'")
+    # Every extracted document is cached; wide.pdf (a failed page) is not, so its other pages remain.
+    extracted, left = docs[0]
+    assert r["documents"]["cached"] == extracted >= 3
+    assert r["pages"]["failed_before_model"] == {"page_too_large": 1}
+    assert r["pages"]["to_model"] == left - 1 >= 2
+    assert r["tokens"]["output"] == round(r["pages"]["to_model"] * mean[0][0])
+    # Another model revision shares nothing.
+    r = estimate_json(capsys, "--input", str(inputs), "--output", str(output), "--model", str(test_model_dir),
+                      "--model-revision", "other", *cost_runs.RUN_FLAGS)
+    assert r["documents"]["cached"] == 0
+
+
+def test_bench_estimate_runs(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_estimate.py"), "--objects", "300",
+                           "--json"], capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["objects"] == 300 and figures["documents"]["listed"] == 300
+    assert figures["documents"]["duplicate"] > 0 and figures["extrapolated_100k_s"] > 0
