@@ -80,7 +80,12 @@ class Engine:
         self.lock = threading.Lock()
         self.llm: Any = None
         self.starts = 0
-        self.start()
+        # Started on first use: a run whose pages all come from the cache never pays for a start.
+
+    def _started(self) -> Any:
+        if self.llm is None:
+            self.start()
+        return self.llm
 
     def start(self) -> None:
         import vllm
@@ -118,13 +123,13 @@ class Engine:
         self.start()
 
     def tokenizer(self) -> Any:
-        return self.llm.get_tokenizer()
+        return self._started().get_tokenizer()
 
     def generate(self, requests: Sequence[dict[str, Any]], params: Sequence[Any]) -> tuple[list[Any], float]:
         """Outputs in request order, and the engine's wall time for the call."""
         with self.lock:
             t0 = time.perf_counter()
-            outputs = self.llm.generate(list(requests), list(params), use_tqdm=False)
+            outputs = self._started().generate(list(requests), list(params), use_tqdm=False)
             return outputs, time.perf_counter() - t0
 
     def image_token_id(self) -> int | None:

@@ -117,6 +117,7 @@ class FaultyEngine(Engine):
 
 def borrow(cls: type[Engine], engine: Engine) -> Engine:
     """The session engine's LLM under a fault-injecting subclass; restart() would build a new one."""
+    engine.tokenizer()  # the session engine starts lazily: start it before sharing its LLM
     faulty = cls.__new__(cls)
     faulty.__dict__.update(engine.__dict__)
     return faulty
