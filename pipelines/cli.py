@@ -8,6 +8,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 USAGE = """pagemill run --input URI [--input URI ...] --output DIR [--job FILE] [--run-id ID] [--tenant NAME]
@@ -148,6 +149,9 @@ def check_options(o: Any) -> list[str]:
             problems.append(f"--{name.replace('_', '-')} {getattr(o, name)!r} is not an ISO time")
     if not o.extract:
         return problems
+    looks_local = o.model.startswith(("/", "./", "../", "~")) or o.model.count("/") != 1
+    if looks_local and not Path(o.model).expanduser().exists():
+        problems.append(f"--model {o.model}: no such model folder (a hub id looks like org/name)")
     from schemas.extraction import SchemaError, load_schema
 
     try:

@@ -153,8 +153,13 @@ def run_requests(engine: Engine, prompts: Sequence[dict[str, Any]], params: Any)
 
 def extract_batch(engine: Engine, tasks: Sequence[PageTask], cfg: ExtractConfig,
                   validator: SchemaValidator) -> list[ExtractionResult]:
-    tokenizer = engine.tokenizer()
-    image_id = engine.image_token_id()
+    try:
+        tokenizer = engine.tokenizer()
+        image_id = engine.image_token_id()
+    except Exception as err:  # noqa: BLE001 - an engine that cannot start fails its pages, not the run
+        log.error("vLLM engine could not start: %s: %s", type(err).__name__, err)
+        message = f"engine could not start: {type(err).__name__}: {err}"[:500]
+        return [ExtractionResult(status="failed", reason_code="engine_error", message=message) for _ in tasks]
     requests = [prepare(t, i, tokenizer, cfg) for i, t in enumerate(tasks)]
     for attempt in range(1, cfg.max_attempts + 1):
         todo = [r for r in requests if r.result is None]
