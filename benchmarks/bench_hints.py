@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from PIL import Image  # noqa: E402
 
-from schemas.records import DocumentRecord, PageImage  # noqa: E402
+from schemas.records import DocumentRecord, ListedObject, PageImage  # noqa: E402
 from tests import docmaker  # noqa: E402
 from transforms import budget  # noqa: E402
 from transforms.detail import low_detail_size  # noqa: E402
@@ -36,8 +36,6 @@ from transforms.hints import HintSettings, apply_hint, choose_hint  # noqa: E402
 from transforms.intake import IntakeLimits, inspect_document  # noqa: E402
 from transforms.ocr import OcrResult, OcrSettings, run_tesseract  # noqa: E402
 from transforms.pages import RenderSettings, render_document  # noqa: E402
-
-from schemas.records import ListedObject  # noqa: E402  (after sys.path)
 
 SETTINGS = RenderSettings(dpi=150, max_side=1288, jpeg_quality=90, max_text_chars=20000, max_page_points=14400,
                           max_image_pixels=89_478_485, max_bytes=50 * 2**20)
@@ -58,10 +56,12 @@ def generated() -> Iterator[tuple[str, bytes]]:
 
 
 def from_corpus(corpus: Path) -> Iterator[tuple[str, bytes]]:
-    picked = sorted((corpus / "ocr_scans").rglob("*"))
-    picked += sorted((corpus / "extraction_gt").rglob("*.pdf"))[:20]
-    for path in picked:
-        if path.is_file() and path.suffix.lower() in (".pdf", ".png", ".tif", ".tiff", ".jpg", ".webp"):
+    """Scans and born-digital PDFs, alternating, so that any --max-pages cut keeps the mix."""
+    kinds = (".pdf", ".png", ".tif", ".tiff", ".jpg", ".webp")
+    scans = [p for p in sorted((corpus / "ocr_scans").rglob("*")) if p.is_file() and p.suffix.lower() in kinds]
+    digital = sorted((corpus / "extraction_gt").rglob("*.pdf"))
+    for pair in zip(scans, digital, strict=False):
+        for path in pair:
             yield str(path.relative_to(corpus)), path.read_bytes()
 
 
@@ -82,14 +82,14 @@ def timed_ocr(image: bytes, s: OcrSettings) -> tuple[OcrResult, float]:
 def main(argv: list[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", default=str(ROOT.parent / "shared" / "corpus"))
-    parser.add_argument("--max-pages", type=int, default=60)
+    parser.add_argument("--max-pages", type=int, default=80)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     limits = IntakeLimits(max_bytes=50 * 2**20, max_pages=5000, max_image_pixels=89_478_485)
     docs = list(generated()) + (list(from_corpus(Path(args.corpus))) if Path(args.corpus).exists() else [])
     pages: list[PageImage] = []
     for name, data in docs:
-        pages += pages_of(name, data, limits)[: max(0, args.max_pages - len(pages))]
+        pages += pages_of(name, data, limits)[:3][: max(0, args.max_pages - len(pages))]  # 3 a document
     settings = HintSettings()
     routes: Counter[str] = Counter()
     detail: Counter[str] = Counter()
