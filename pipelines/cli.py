@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+SINCE_LAST_RUN_OVERLAP_S = 3600
 USAGE = """pagemill run --input URI [--input URI ...] --output DIR [--job FILE] [--run-id ID] [--tenant NAME]
              [pagemill options] [Beam pipeline options]
 pagemill sql --output DIR [--format table|csv|json] "QUERY" | --query NAME | --list-queries
@@ -64,7 +65,7 @@ def run_command(argv: Sequence[str]) -> int:
         print("pagemill run: --input and --output are required (or a --job file that sets them)", file=sys.stderr)
         return 2
     configure(storage)
-    problems = preflight(o.input, o.output, storage) + check_options(o)
+    problems = check_options(o) or preflight(o.input, o.output, storage)  # nothing is written if options are bad
     if problems:
         for problem in problems:
             print(f"pagemill run: {problem}", file=sys.stderr)
@@ -128,7 +129,11 @@ def listing_window(o: Any, job_name: str | None, storage: Any) -> tuple[float | 
         finally:
             con.close()
         if last:
-            since = max(since or 0.0, dt.datetime.fromisoformat(last).timestamp())
+            # An overlap, because an object can arrive with an older LastModified (a copy that keeps
+            # times, a multipart upload begun before the last run, clock skew); the cache makes
+            # listing it again cost nothing.
+            start = dt.datetime.fromisoformat(last).timestamp() - SINCE_LAST_RUN_OVERLAP_S
+            since = max(since or 0.0, start)
     return since, until
 
 

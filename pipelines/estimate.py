@@ -105,8 +105,7 @@ class PromptTokens:
 
 
 def _local_tokenizer(model: str, revision: str | None) -> Any:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    """--model's tokenizer from a local folder or the local Hugging Face cache; never downloads."""
     try:
         from transformers import AutoTokenizer
 
@@ -230,6 +229,7 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
     schema = load_schema(o.schema)
     throughput = load_throughput(o.model, pages_per_second)
     prices = budget.load_prices()
+    t_setup = time.perf_counter()  # the schema check imports the grammar compiler: seconds, once
     objects = list_objects(o.input)
     t_list = time.perf_counter()
     settings = ScanSettings(IntakeLimits(o.max_bytes, o.max_pages, o.max_image_pixels), o.dpi, o.max_side,
@@ -280,8 +280,9 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
                         "usd_per_1k_pages": 1000 * usd / len(to_model) if to_model else 0.0},
         "hosted": hosted_prices(to_model, tokens, prices), "prices_read_on": prices.get("read_on"),
         "assumptions": assumptions,
-        "timing": {"list_s": round(t_list - t0, 3), "scan_s": round(t_scan - t_list, 3),
-                   "plan_s": round(t_plan - t_scan, 3), "total_s": round(time.perf_counter() - t0, 3),
+        "timing": {"setup_s": round(t_setup - t0, 3), "list_s": round(t_list - t_setup, 3),
+                   "scan_s": round(t_scan - t_list, 3), "plan_s": round(t_plan - t_scan, 3),
+                   "total_s": round(time.perf_counter() - t0, 3),
                    "bytes_read": sum(d.size for d in scanned if d.doc_sha256), "workers": workers},
     }
     if per_page:
@@ -296,8 +297,9 @@ def render_table(r: dict[str, Any]) -> str:
     tm = r["timing"]
     lines = [
         f"pagemill estimate: {', '.join(r['inputs'])} (schema {r['schema']}, model {r['model']})",
-        f"  scanned    {d['listed']:,} objects in {tm['total_s']:.1f} s (listing {tm['list_s']:.1f} s, read and "
-        f"measured {tm['bytes_read']:,} bytes in {tm['scan_s']:.1f} s, {tm['workers']} threads)",
+        f"  scanned    {d['listed']:,} objects in {tm['total_s']:.1f} s (set-up {tm['setup_s']:.1f} s, listing "
+        f"{tm['list_s']:.1f} s, read and measured {tm['bytes_read']:,} bytes in {tm['scan_s']:.1f} s with "
+        f"{tm['workers']} threads, tokens {tm['plan_s']:.1f} s)",
         f"  documents  listed {d['listed']:,}; rejected {d['rejected']:,}" + (f" ({reasons})" if reasons else "")
         + f"; duplicate {d['duplicate']:,}; cached {d['cached']:,}; to extract {d['to_extract']:,}",
         f"  pages      {p['to_model']:,} to the model; in accepted documents {p['in_accepted_documents']:,}, "
@@ -318,7 +320,7 @@ def render_table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, PagemillOptions]:
+def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, PagemillOptions, StorageConfig]:
     parser = argparse.ArgumentParser(
         prog="pagemill estimate", allow_abbrev=False,
         description="A dry run: tokens and dollars of a run before it runs. Takes `pagemill run`'s options "
@@ -336,19 +338,21 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, PagemillOptions]:
     parser.add_argument("--workers", type=int, default=8, help="threads reading and measuring objects")
     add_storage_args(parser)
     args, rest = parser.parse_known_args(argv)
-    return args, PagemillOptions(merge_flags(rest, args.job)).view_as(PagemillOptions)
+    options = PagemillOptions(merge_flags(rest, args.job))
+    # As `pagemill run`: storage flags on the command line win over those in the job file or Beam's own.
+    given = {k: v for k, v in vars(args).items() if v}
+    return args, options.view_as(PagemillOptions), storage_from({**options.get_all_options(), **given})
 
 
 def command(argv: Sequence[str]) -> int:
     try:
-        args, o = parse(argv)
+        args, o, storage = parse(argv)
     except (OSError, ValueError) as err:
         print(f"pagemill estimate: {err}", file=sys.stderr)
         return 2
     if not o.input:
         print("pagemill estimate: --input is required (or a --job file that sets it)", file=sys.stderr)
         return 2
-    storage = storage_from(vars(args))
     configure(storage)
     try:
         report = estimate(o, storage, pages_per_second=args.pages_per_second, output_tokens=args.output_tokens,

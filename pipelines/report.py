@@ -33,9 +33,9 @@ HISTOGRAM_BINS = 12
 
 
 def latest_run(con: duckdb.DuckDBPyConnection) -> str | None:
-    row = con.execute("SELECT run_id FROM (SELECT run_id, started_at AS t FROM runs UNION ALL "
-                      "SELECT run_id, CAST(max(created_at) AS VARCHAR) FROM documents GROUP BY 1) "
-                      "ORDER BY t DESC NULLS LAST, run_id DESC LIMIT 1").fetchone()
+    """The run whose rows were written last (every row of a run carries its start time)."""
+    row = con.execute("SELECT run_id FROM documents GROUP BY run_id ORDER BY max(created_at) DESC, run_id DESC "
+                      "LIMIT 1").fetchone()
     return row[0] if row else None
 
 
@@ -55,7 +55,7 @@ def funnel(outcomes: dict[str, int]) -> list[dict[str, Any]]:
     out, left = [], listed
     for label, removed, n in steps:
         left -= n
-        note = (f"\u2212{n} {removed}" if n else f"no {removed}") if removed else "every listed object"
+        note = (f"\u2212{n} {removed}" if n else f"0 {removed}") if removed else "every listed object"
         out.append({"label": label, "value": left, "note": note})
     others = ", ".join(f"{outcomes[k]} {k}" for k in ("partial", "failed", "rendered") if outcomes.get(k))
     out.append({"label": "extracted", "value": outcomes.get("extracted", 0), "note": others or "every page ok"})

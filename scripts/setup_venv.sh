@@ -16,6 +16,14 @@ if ! command -v tesseract >/dev/null 2>&1; then
     echo "setup: tesseract-ocr is not installed; run: sudo apt-get install -y tesseract-ocr (OCR hints need it)" >&2
   fi
 fi
+# Chromium, headless: the test of `pagemill report` renders its HTML and checks that the charts drew (it skips without).
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get install -y -q chromium >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
+  else
+    echo "setup: chromium is not installed; run: sudo apt-get install -y chromium (the report test needs it)" >&2
+  fi
+fi
 
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip >/dev/null 2>&1 || true

@@ -80,11 +80,19 @@ class Engine:
         self.lock = threading.Lock()
         self.llm: Any = None
         self.starts = 0
+        self.start_error: Exception | None = None
         # Started on first use: a run whose pages all come from the cache never pays for a start.
 
     def _started(self) -> Any:
         if self.llm is None:
-            self.start()
+            if self.start_error is not None:
+                # A model that could not start will not start on the next batch either: fail fast.
+                raise self.start_error
+            try:
+                self.start()
+            except Exception as err:
+                self.start_error = err
+                raise
         return self.llm
 
     def start(self) -> None:

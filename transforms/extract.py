@@ -245,7 +245,9 @@ def to_rows(result: PredictionResult, engine: EngineSettings, cfg: ExtractConfig
     r: ExtractionResult = result.inference
     page = task.page
     gpt_tokens = budget.estimate_image_tokens("gpt-4o", r.sent_width or page.width, r.sent_height or page.height)
-    api_usd = budget.api_cost_usd(cfg.api_price, gpt_tokens + r.text_tokens, r.output_tokens, cfg.prices)
+    # A page the model never saw would cost nothing at a hosted API either.
+    api_usd = budget.api_cost_usd(cfg.api_price, gpt_tokens + r.text_tokens, r.output_tokens, cfg.prices) \
+        if r.attempts else 0.0
     common = {"cache_key": task.cache_key, "config_key": cfg.config_key, "schema_id": cfg.schema.schema_id,
               "schema_hash": cfg.schema.schema_hash,
               "model": engine.model, "model_revision": engine.model_revision, "extraction": r.extraction,

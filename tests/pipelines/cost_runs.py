@@ -5,18 +5,21 @@ and the run dominate their cost), each into its own temp folder.
   duplicate page), a scan, a PDF whose middle page is 20,000 pt wide (a failed page: `page_too_large`), a
   truncated PDF and a text file (rejected), and a file whose name is HTML.
 - `extract_runs`: two runs with the tiny model under one output root, `t1` and then `t2` over the same inputs
-  (the second finds the first's results, if the result cache is built).
+  (the second finds the first's results in the result cache), with a blocklist that quarantines a page.
 - `render_run`: the same inputs, `--extract false`.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 from pathlib import Path
 
 import pytest
 
 from pipelines import cli
+from schemas.records import DocumentRecord, PageImage
 from tests import docmaker
+from transforms.pages import RenderSettings, render_document
 
 HTML_NAME = "<img src=x onerror=alert(1)>.pdf"
 # The flags of tests/pipelines/test_run_extract.py (small pages and outputs keep the CPU engine quick), with the
@@ -57,13 +60,29 @@ def inputs_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _made["inputs"]
 
 
+def blocklist_last_wide_page(folder: Path) -> Path:
+    """A blocklist holding the page hash of wide.pdf's last page as the runs render it: a quarantined page."""
+    data = wide_middle_page_pdf()
+    doc = DocumentRecord("wide.pdf", len(data), hashlib.sha256(data).hexdigest(), "pdf", 3)
+    settings = RenderSettings(dpi=150, max_side=800, jpeg_quality=90, max_text_chars=20_000, max_page_points=14_400,
+                              max_image_pixels=89_478_485, max_bytes=50 * 2**20)
+    last = list(render_document(doc, data, settings))[2]
+    assert isinstance(last, PageImage)
+    path = folder / "blocklist.txt"
+    path.write_text(f"# wide.pdf, page 3\nsha256:{last.page_hash}\n")
+    return path
+
+
 def extract_runs(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Path:
-    """Output root holding runs t1 and t2 of the tiny model over `inputs_folder`."""
+    """Output root holding runs t1 and t2 of the tiny model over `inputs_folder` (wide.pdf's last page is on a
+    blocklist: quarantined)."""
     if "extract" not in _made:
         inputs, output = inputs_folder(tmp_path_factory), tmp_path_factory.mktemp("cost-out")
+        blocklist = blocklist_last_wide_page(tmp_path_factory.mktemp("blocklist"))
         for run_id in ("t1", "t2"):
             code = cli.main(["run", "--input", str(inputs), "--output", str(output), "--run-id", run_id,
-                             "--model", str(model_dir), "--model-revision", "tiny", *RUN_FLAGS])
+                             "--model", str(model_dir), "--model-revision", "tiny", "--blocklist", str(blocklist),
+                             *RUN_FLAGS])
             assert code == 0
         _made["extract"] = output
     return _made["extract"]

@@ -48,7 +48,7 @@ def dump_dom(html: Path, tmp_path: Path) -> str:
 def marks(dom: str) -> dict[str, int]:
     """data-marks of each chart's SVG (the count of bars, or dots, that the script drew)."""
     found = {}
-    for chart in CHARTS + ("runs",):
+    for chart in (*CHARTS, "runs"):
         m = re.search(rf'<div id="{chart}"><svg[^>]*data-marks="(\d+)"', dom)
         assert m, f"chart {chart} did not draw"
         found[chart] = int(m.group(1))
@@ -56,6 +56,9 @@ def marks(dom: str) -> dict[str, int]:
 
 
 def assert_self_contained(text: str) -> None:
+    data = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', text, re.S)
+    assert data and "<" not in data.group(1) and ">" not in data.group(1)  # the data cannot open or close a tag
+    text = text.replace(data.group(1), "")  # (a file name in it may well read `<img src=...>`, as text)
     assert not re.search(r"<(link|iframe|img|object|embed)\b", text)
     assert not re.search(r"\b(src|href)\s*=", text)
     assert re.findall(r"https?://[^\s\"'<>]+", text) == ["http://www.w3.org/2000/svg"]  # an XML namespace, not a fetch
@@ -136,3 +139,56 @@ def test_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["report", "--output", str(tmp_path / "none"), "--html", str(tmp_path / "x.html")]) == 1
     assert "no run" in capsys.readouterr().err
     assert not (tmp_path / "x.html").exists()
+
+
+def test_estimate_sql_and_report_over_s3(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The three commands with s3:// inputs and outputs, against a real S3 server on loopback (moto)."""
+    import os
+    import sys
+    import threading
+    import time
+
+    boto3 = pytest.importorskip("boto3")
+    pytest.importorskip("moto")
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        endpoint, deadline = None, time.monotonic() + 60
+        while endpoint is None and time.monotonic() < deadline:
+            found = re.search(r"Running on (http://127\.0\.0\.1:\d+)", proc.stdout.readline())
+            endpoint = found.group(1) if found else None
+        assert endpoint, "moto did not start"
+        threading.Thread(target=proc.stdout.read, daemon=True).start()
+        for name in ("AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            monkeypatch.setenv(name, os.environ.get(name, ""))  # restored after the test: configure() sets them
+        flags = ["--s3-endpoint-url", endpoint, "--s3-access-key-id", "testing", "--s3-secret-access-key", "testing",
+                 "--s3-region", "us-east-1"]
+        s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
+                          region_name="us-east-1")
+        bucket = "pagemill-report"
+        s3.create_bucket(Bucket=bucket)
+        inputs, output = cost_runs.inputs_folder(tmp_path_factory), cost_runs.render_run(tmp_path_factory)
+        for folder, prefix in ((inputs, "in"), (output, "out")):
+            for path in folder.rglob("*"):
+                if path.is_file():
+                    s3.put_object(Bucket=bucket, Key=f"{prefix}/{path.relative_to(folder)}", Body=path.read_bytes())
+
+        root = f"s3://{bucket}"
+        capsys.readouterr()
+        assert cli.main(["estimate", "--input", f"{root}/in/", "--output", f"{root}/out", "--format", "json",
+                         "--max-side", "800", *flags]) == 0
+        estimated = json.loads(capsys.readouterr().out)
+        assert estimated["documents"]["listed"] == len(list(inputs.iterdir()))
+        assert estimated["pages"]["to_model"] == 9
+        assert cli.main(["sql", "--output", f"{root}/out", "--query", "cost-by-run", "--format", "json", *flags]) == 0
+        (run,) = json.loads(capsys.readouterr().out)
+        assert run["run_id"] == "r1" and run["pages"] == len(raw(output, "ledger", "r1"))
+        assert cli.main(["report", "--output", f"{root}/out", "--html", f"{root}/report.html", *flags]) == 0
+        page = s3.get_object(Bucket=bucket, Key="report.html")["Body"].read().decode()
+        assert_self_contained(page)
+        assert json.loads(re.search(r'id="report-data">(.*?)</script>', page, re.S).group(1))["run_id"] == "r1"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-import pytest
 from apache_beam.ml.inference.base import PredictionResult
 
 from schemas.extraction import load_schema

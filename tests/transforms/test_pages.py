@@ -311,10 +311,15 @@ def test_outcome_all_rendered() -> None:
     assert (row.outcome, row.reason_code, row.message) == ("rendered", None, None)
 
 
-@pytest.mark.parametrize("statuses", [{"ok": 4}, {"ok": 2, "cached": 1, "duplicate": 1}, {"cached": 4}])
+@pytest.mark.parametrize("statuses", [{"ok": 4}, {"ok": 2, "cached": 1, "duplicate": 1}, {"cached": 3, "ok": 1}])
 def test_outcome_extracted(statuses: dict[str, int]) -> None:
     row = _outcome(statuses)
     assert (row.outcome, row.reason_code, row.message) == ("extracted", None, None)
+
+
+def test_outcome_all_pages_from_the_cache_is_cached() -> None:
+    row = _outcome({"cached": 4})
+    assert (row.outcome, row.reason_code, row.message) == ("cached", None, None)
 
 
 def test_outcome_partial_takes_the_commonest_reason() -> None:
