@@ -132,4 +132,12 @@ def build_pipeline(p: beam.Pipeline, o: PagemillOptions, run: Mapping[str, Any],
     kept = pages | "Outcomes" >> DocumentOutcomes(dedup.kept)
     documents = (intake[REJECTED], gated[QUARANTINED], dedup[DUPLICATES], kept) | "AllDocuments" >> beam.Flatten()
     _ = documents | "Write" >> WriteTables(o.output, run, pages)
-    _ = (documents, pages) | "Progress" >> beam.Flatten() | "Report" >> beam.ParDo(ProgressDoFn(o.progress_every_s))
+    listed_count = listed | "CountListed" >> beam.combiners.Count.Globally()
+    pages_total = (dedup.kept | "PageCounts" >> beam.Map(lambda d: d.page_count)
+                   | "SumPages" >> beam.CombineGlobally(sum))
+    _ = (
+        (documents, pages)
+        | "Progress" >> beam.Flatten()
+        | "Report" >> beam.ParDo(ProgressDoFn(o.progress_every_s), listed=beam.pvalue.AsSingleton(listed_count),
+                                 pages_total=beam.pvalue.AsSingleton(pages_total))
+    )

@@ -12,6 +12,7 @@ from schemas.extraction import load_schema
 from tests import docmaker
 from tests.conftest import vllm_available
 from transforms import budget
+from transforms.detail import low_detail_size
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")]
@@ -76,11 +77,15 @@ def test_shared_page_is_extracted_once(extracted: Path) -> None:
 
 
 def test_ledger_has_engine_tokens_and_costs(extracted: Path) -> None:
-    ledger = rows(extracted, "SELECT l.*, p.width, p.height FROM ledger l JOIN pages p "
+    ledger = rows(extracted, "SELECT l.*, p.width, p.height, p.detail FROM ledger l JOIN pages p "
                              "USING (run_id, doc_sha256, page_index) WHERE l.route = 'model'")
     assert ledger
     for row in ledger:
-        assert row["image_tokens"] == budget.estimate_image_tokens("qwen2_vl", row["width"], row["height"])
+        # --detail auto sends pages that their hint covers at --low-detail-side (640 px).
+        full = budget.estimate_image_tokens("qwen2_vl", row["width"], row["height"])
+        sent = low_detail_size(row["width"], row["height"], 640 if row["detail"] == "low" else 0)
+        assert row["image_tokens"] == budget.estimate_image_tokens("qwen2_vl", *sent)
+        assert row["image_tokens_saved"] == full - row["image_tokens"]
         assert row["text_tokens"] > 0 and row["output_tokens"] > 0 and row["attempts"] >= 1
         assert row["gpu_seconds"] > 0
         assert row["cost_usd"] == pytest.approx(row["gpu_seconds"] * 2.5 / 3600)
