@@ -152,6 +152,10 @@ def check_options(o: Any) -> list[str]:
             _epoch(getattr(o, name))
         except ValueError:
             problems.append(f"--{name.replace('_', '-')} {getattr(o, name)!r} is not an ISO time")
+    from pipelines.extract import safety_config
+    from transforms.safety import check_config
+
+    problems += check_config(safety_config(o))  # a bad blocklist fails here, not on a worker
     if not o.extract:
         return problems
     looks_local = o.model.startswith(("/", "./", "../", "~")) or o.model.count("/") != 1

@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 import apache_beam as beam
-import numpy as np
 from apache_beam.metrics import Metrics
 from PIL import Image
 
@@ -177,8 +176,3 @@ def _unavailable(reason: str) -> Ocr:
 
     return ocr
 
-
-def ink_fraction(image: bytes) -> float:
-    """Share of a page's half-resolution cells that hold text-like ink (used by the benchmark)."""
-    ink = textlayer.ink_mask(textlayer.gray_array(Image.open(io.BytesIO(image))))
-    return float(np.mean(ink)) if ink.size else 0.0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -201,8 +202,6 @@ class SafetyGateDoFn(_LoadsChecks):
         self.gate_ms = Metrics.distribution("pagemill", "safety_ms")
 
     def process(self, page: PageImage) -> Iterator[object]:
-        import time
-
         start = time.perf_counter()
         checked, verdict = screen_page(page, self.checks, self.cfg.low_detail_side)
         self.gate_ms.update(int((time.perf_counter() - start) * 1000))

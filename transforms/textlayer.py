@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-INK_DELTA = 60  # a pixel this far from the background shade is ink
+CELL = 4  # ink is measured on CELL x CELL pixel cells (their mean): a few ms a page, still finer than a glyph
+INK_DELTA = 40  # a cell whose mean is this far from the background shade holds ink
 RULE_FRACTION = 25  # an ink run longer than 1/25 of the page's longest side is a rule, not text
 MIN_VISIBLE_RANGE = 24  # a box whose darkest and lightest pixels differ by less shows nothing
 MIN_BOX_PX = 2  # a box less high than this (px) is a zero-size or microscopic font
@@ -63,28 +64,37 @@ def _long_runs(mask: np.ndarray, length: int) -> np.ndarray:
     return (padded[:, length: length + n] - padded[:, :n]) > 0
 
 
+def _halve(g: np.ndarray) -> np.ndarray:
+    h, w = (g.shape[0] // 2) * 2, (g.shape[1] // 2) * 2
+    g = g[:h, :w]
+    return (g[0::2, 0::2] + g[1::2, 0::2] + g[0::2, 1::2] + g[1::2, 1::2]) // 4
+
+
 def ink_mask(gray: np.ndarray) -> np.ndarray:
-    """Text-like ink, at half resolution (any ink in a 2x2 cell): off-background pixels less rules."""
-    ink = np.abs(gray.astype(np.int16) - background(gray)) > INK_DELTA
-    h, w = (ink.shape[0] // 2) * 2, (ink.shape[1] // 2) * 2
-    if h == 0 or w == 0:
+    """Text-like ink on CELL x CELL cells: cells whose mean is off the background, less rules. A
+    one-pixel stroke through a cell still moves its mean by 255 * CELL / CELL**2 = 64."""
+    cells = gray.astype(np.uint16)
+    for _ in range(CELL.bit_length() - 1):
+        cells = _halve(cells)
+    if cells.size == 0:
         return np.zeros((0, 0), bool)
-    half = ink[:h, :w].reshape(h // 2, 2, w // 2, 2).any(axis=(1, 3))
-    length = max(8, max(half.shape) // RULE_FRACTION)
-    rules = _long_runs(half, length) | _long_runs(half.T, length).T
-    return half & ~rules
+    cells = cells.astype(np.uint8)
+    ink = np.abs(cells.astype(np.int16) - background(cells)) > INK_DELTA
+    length = max(6, max(ink.shape) // RULE_FRACTION)
+    rules = _long_runs(ink, length) | _long_runs(np.ascontiguousarray(ink.T), length).T
+    return ink & ~rules
 
 
 def coverage(ink: np.ndarray, boxes: Iterable[Box]) -> float:
-    """Share of the ink (from `ink_mask`, half resolution) inside the boxes (full-resolution pixels).
+    """Share of the ink (from `ink_mask`, in cells) inside the boxes (full-resolution pixels).
     A page with no ink is fully covered: there is nothing left to explain."""
     total = int(ink.sum())
     if total == 0:
         return 1.0
     covered = np.zeros_like(ink)
     for left, top, right, bottom in boxes:
-        covered[max(top - BOX_PAD, 0) // 2: (bottom + BOX_PAD + 1) // 2,
-                max(left - BOX_PAD, 0) // 2: (right + BOX_PAD + 1) // 2] = True
+        covered[max(top - BOX_PAD, 0) // CELL: (bottom + BOX_PAD + CELL - 1) // CELL,
+                max(left - BOX_PAD, 0) // CELL: (right + BOX_PAD + CELL - 1) // CELL] = True
     return round(float((ink & covered).sum()) / total, 4)
 
 

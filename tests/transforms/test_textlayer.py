@@ -10,7 +10,7 @@ from PIL import Image
 from schemas.records import DocumentRecord, PageImage
 from tests import docmaker
 from transforms.pages import RenderSettings, render_document
-from transforms.textlayer import _long_runs, coverage, ink_mask, invisible_runs, remove_runs
+from transforms.textlayer import CELL, _long_runs, coverage, ink_mask, invisible_runs, remove_runs
 
 SETTINGS = RenderSettings(dpi=150, max_side=1288, jpeg_quality=90, max_text_chars=20000, max_page_points=14400,
                           max_image_pixels=89_478_485, max_bytes=2**26)
@@ -50,8 +50,9 @@ def test_rules_are_not_ink_but_text_is() -> None:
     img[50, 10:390] = 0  # a table rule
     img[100:112, 20:26] = 0  # a glyph-sized blob
     ink = ink_mask(img)
-    assert ink[25, :].sum() == 0  # the rule is gone
-    assert ink[50:56, 10:13].any()  # the glyph stays (half resolution)
+    assert ink.shape == (200 // CELL, 400 // CELL)
+    assert ink[50 // CELL, :].sum() == 0  # the rule is gone
+    assert ink[100 // CELL: 112 // CELL, 20 // CELL: 26 // CELL + 1].any()  # the glyph stays
     assert coverage(ink, [(18, 98, 28, 114)]) == 1.0
     assert coverage(ink, []) == 0.0
     assert coverage(ink_mask(np.full((50, 50), 255, np.uint8)), []) == 1.0  # nothing to explain
