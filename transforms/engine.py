@@ -77,13 +77,19 @@ class Engine:
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
-        self.lock = threading.Lock()
+        # Re-entrant: a start or restart inside generate must not deadlock; one thread starts the
+        # engine while the others wait, instead of each building its own.
+        self.lock = threading.RLock()
         self.llm: Any = None
         self.starts = 0
         self.start_error: Exception | None = None
         # Started on first use: a run whose pages all come from the cache never pays for a start.
 
     def _started(self) -> Any:
+        with self.lock:
+            return self._start_once()
+
+    def _start_once(self) -> Any:
         if self.llm is None:
             if self.start_error is not None:
                 # A model that could not start will not start on the next batch either: fail fast.
@@ -127,8 +133,9 @@ class Engine:
 
     def restart(self) -> None:
         log.warning("re-creating the vLLM engine after an error")
-        self.close()
-        self.start()
+        with self.lock:
+            self.close()
+            self._start_once()
 
     def tokenizer(self) -> Any:
         return self._started().get_tokenizer()

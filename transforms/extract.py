@@ -127,6 +127,26 @@ def prepare(task: PageTask, index: int, tokenizer: Any, cfg: ExtractConfig) -> _
     return _Request(index, {"prompt": text, "multi_modal_data": {"image": img}}, text_tokens, img.width, img.height)
 
 
+def _prepare_or_fail(task: PageTask, index: int, tokenizer: Any, cfg: ExtractConfig) -> _Request:
+    """One page whose prompt cannot be built fails alone, as a row."""
+    try:
+        return prepare(task, index, tokenizer, cfg)
+    except Exception as err:  # noqa: BLE001
+        req = _Request(index, None, 0, task.page.width, task.page.height)
+        req.result = ExtractionResult(status="failed", reason_code="engine_error",
+                                      message=f"prompt could not be built: {type(err).__name__}: {err}"[:500])
+        return req
+
+
+def _restart(engine: Engine) -> None:
+    """Re-create a dead engine. If that fails too, the engine remembers the error and every later
+    request fails fast with it, as rows: never an exception across the pipeline."""
+    try:
+        engine.restart()
+    except Exception as err:  # noqa: BLE001
+        log.error("vLLM engine could not restart: %s: %s", type(err).__name__, err)
+
+
 def run_requests(engine: Engine, prompts: Sequence[dict[str, Any]], params: Any) -> tuple[list[Any], float]:
     """Outputs (or the exception of that request) in order, and the engine's wall time. One bad
     request never fails its batch: on an error the batch is re-run a request at a time."""
@@ -136,7 +156,7 @@ def run_requests(engine: Engine, prompts: Sequence[dict[str, Any]], params: Any)
         log.warning("engine failed on a batch of %d (%s: %s); retrying one at a time",
                     len(prompts), type(err).__name__, err)
         if not isinstance(err, ValueError):  # not a request-validation error: the engine may be dead
-            engine.restart()
+            _restart(engine)
     outputs: list[Any] = []
     wall = 0.0
     for prompt in prompts:
@@ -147,7 +167,7 @@ def run_requests(engine: Engine, prompts: Sequence[dict[str, Any]], params: Any)
         except Exception as err:  # noqa: BLE001
             outputs.append(err)
             if not isinstance(err, ValueError):
-                engine.restart()
+                _restart(engine)
     return outputs, wall
 
 
@@ -160,7 +180,7 @@ def extract_batch(engine: Engine, tasks: Sequence[PageTask], cfg: ExtractConfig,
         log.error("vLLM engine could not start: %s: %s", type(err).__name__, err)
         message = f"engine could not start: {type(err).__name__}: {err}"[:500]
         return [ExtractionResult(status="failed", reason_code="engine_error", message=message) for _ in tasks]
-    requests = [prepare(t, i, tokenizer, cfg) for i, t in enumerate(tasks)]
+    requests = [_prepare_or_fail(t, i, tokenizer, cfg) for i, t in enumerate(tasks)]
     for attempt in range(1, cfg.max_attempts + 1):
         todo = [r for r in requests if r.result is None]
         if not todo:

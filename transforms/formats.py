@@ -49,11 +49,15 @@ class PdfPasswordError(Exception):
 def load_pdf(data: bytes) -> pdfium.PdfDocument:
     """Open a PDF; the caller holds PDFIUM_LOCK around this and every later call on the document."""
     try:
-        return pdfium.PdfDocument(data)
+        doc = pdfium.PdfDocument(data)
     except pdfium.PdfiumError as err:
         if "password" in str(err).lower():
             raise PdfPasswordError(str(err)) from err
         raise
+    # Without a form environment pdfium draws no form fields: filled-in AcroForm values would be
+    # missing from the page the model sees.
+    doc.init_forms()
+    return doc
 
 
 @contextmanager

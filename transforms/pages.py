@@ -158,12 +158,18 @@ def render_document(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iter
         for index in range(doc.page_count):
             yield failed_page(doc, index, "changed_during_run", "the object's bytes changed after intake")
         return
+    done = 0
     try:
         pages = render_pdf(doc, data, s) if doc.format == "pdf" else render_image(doc, data, s)
-        yield from pages
+        for page in pages:
+            done += 1
+            yield page
     except PdfPasswordError as err:  # intake checked, but be safe: never crash on one document
-        for index in range(doc.page_count):
+        for index in range(done, doc.page_count):
             yield failed_page(doc, index, "encrypted", str(err))
+    except Exception as err:  # noqa: BLE001 - opening failed after intake passed: the pages fail, not the run
+        for index in range(done, doc.page_count):
+            yield failed_page(doc, index, "render_failed", f"{type(err).__name__}: {err}")
 
 
 class RenderPagesDoFn(beam.DoFn):

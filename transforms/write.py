@@ -62,13 +62,20 @@ def compact_run(output: str, run_id: str) -> dict[str, int]:
                 data = pq.read_table(pa.BufferReader(handle.read()), schema=schema)
             for row in data.to_pylist():
                 key = tuple(row[k] for k in TABLE_KEYS[table])
-                if key not in latest or row["created_at"] >= latest[key]["created_at"]:
+                if key not in latest or _rank(row) >= _rank(latest[key]):
                     latest[key] = row
         write_rows(join_uri(output, table, f"run_id={run_id}"), schema, list(latest.values()),
                    name=f"part-compacted-{uuid.uuid4().hex}.parquet")
         FileSystems.delete(files)
         kept[table] = len(latest)
     return kept
+
+
+def _rank(row: dict[str, Any]) -> tuple[bool, Any]:
+    """Within one run, a row that did the work beats a later `cached` copy of it (a resumed run reuses
+    its own killed attempt's pages): the tokens and cost actually spent must not vanish."""
+    reused = row.get("status") == "cached" or row.get("route") == "cache" or row.get("outcome") == "cached"
+    return (not reused, row["created_at"])
 
 
 class WriteParquetBundles(beam.DoFn):

@@ -37,3 +37,14 @@ def test_compact_run_keeps_the_latest_row_per_key(tmp_path: Path) -> None:
     (only,) = run_files(out, "documents", "r")
     rows = {r["source_uri"]: r["outcome"] for r in pq.read_table(only).to_pylist()}
     assert rows == {"a": "extracted", "b": "rejected"}
+
+
+def test_compaction_keeps_the_row_that_did_the_work_over_a_later_cached_copy(tmp_path: Path) -> None:
+    early, late = dt.datetime(2026, 1, 1, tzinfo=dt.UTC), dt.datetime(2026, 1, 2, tzinfo=dt.UTC)
+    folder = str(tmp_path / "ledger" / "run_id=r")
+    key = {"run_id": "r", "doc_sha256": "d", "page_index": 0}
+    write_rows(folder, tables.LEDGER, [{**key, "route": "model", "cost_usd": 0.5, "created_at": early}])
+    write_rows(folder, tables.LEDGER, [{**key, "route": "cache", "cost_usd": 0.0, "created_at": late}])
+    compact_run(str(tmp_path), "r")
+    (only,) = run_files(str(tmp_path), "ledger", "r")
+    assert [(r["route"], r["cost_usd"]) for r in pq.read_table(only).to_pylist()] == [("model", 0.5)]
