@@ -18,10 +18,9 @@ from apache_beam.io.filesystems import FileSystems
 from pipelines import sql
 from pipelines.storage import StorageConfig
 from schemas.records import DocumentRecord, ListedObject
+from transforms.cache import REUSABLE
 from transforms.intake import MISSING, IntakeLimits, expand_input, inspect_document, read_capped, size_gate
 from transforms.page_sizes import PageSize, image_page_sizes, pdf_page_sizes
-
-REUSABLE = ("ok", "cached", "duplicate")  # page statuses whose extraction a later run can reuse
 
 
 @dataclass(frozen=True)

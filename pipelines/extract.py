@@ -40,12 +40,13 @@ def rendered_only(page: PageImage) -> PageRow:
                    flag_detail=page.flag_detail, pdq_hash=page.pdq_hash)
 
 
-def extract_pages(pages: beam.PCollection, o: PagemillOptions, earlier: beam.PCollection,
+def extract_pages(pages: beam.PCollection, o: PagemillOptions, cfg: ExtractConfig | None,
+                  earlier: beam.PCollection,
                   engine_factory: Callable[[EngineSettings], Engine] = Engine) -> beam.PCollection:
-    """PageImage -> PageRow. The model stage plugs in here."""
-    if not o.extract:
+    """PageImage -> PageRow. The model stage plugs in here; `cfg` is None in a render-only run."""
+    if cfg is None:
         return pages | "RenderedOnly" >> beam.Map(rendered_only)
-    return pages | "Extract" >> ExtractPages(engine_settings(o), extract_config(o), engine_factory, earlier=earlier)
+    return pages | "Extract" >> ExtractPages(engine_settings(o), cfg, engine_factory, earlier=earlier)
 
 
 def safety_config(o: PagemillOptions) -> SafetyConfig:
@@ -112,8 +113,8 @@ def build_pipeline(p: beam.Pipeline, o: PagemillOptions, run: Mapping[str, Any],
     dedup = gated.clean | "DedupDocuments" >> DedupDocuments()
     to_render, cached = dedup.kept, None
     earlier = p | "NoEarlier" >> beam.Create([])
-    if o.extract and earlier_files:
-        cfg = extract_config(o)
+    cfg = extract_config(o) if o.extract else None  # built once: it loads the schema and the prices
+    if cfg is not None and earlier_files:
         earlier = p | "EarlierPages" >> ReadEarlierPages(list(earlier_files), o.tenant, cfg.config_key)
         split = dedup.kept | "DocumentCache" >> SkipCachedDocuments(earlier)
         to_render, cached = split.render, split[CACHED]
@@ -126,7 +127,7 @@ def build_pipeline(p: beam.Pipeline, o: PagemillOptions, run: Mapping[str, Any],
         | "SafetyGate" >> beam.ParDo(SafetyGateDoFn(safety_config(o))).with_outputs(QUARANTINED, main="clean")
     )
     hinted = safe.clean | "Hints" >> beam.ParDo(HintsDoFn(hint_settings(o), ocr))
-    extracted = extract_pages(hinted, o, earlier, engine_factory)
+    extracted = extract_pages(hinted, o, cfg, earlier, engine_factory)
     parts = (extracted, rendered[FAILED_PAGES], safe[QUARANTINED]) + ((cached,) if cached is not None else ())
     pages = parts | "AllPages" >> beam.Flatten()
     kept = pages | "Outcomes" >> DocumentOutcomes(dedup.kept)
