@@ -42,11 +42,11 @@ def _sql(capsys: pytest.CaptureFixture[str], output: Path, query: str, *flags: s
     "SELECT * FROM read_text('/etc/hostname')",
     "SELECT * FROM read_csv('/etc/passwd')",
     "SELECT * FROM '/etc/passwd'",
-    "ATTACH '/tmp/pagemill-sql-attach.db'",
+    "ATTACH '{tmp}/attached.db'",
 ])
-def test_files_cannot_be_read(output: Path, capsys: pytest.CaptureFixture[str], query: str) -> None:
-    code, out, err = _sql(capsys, output, query)
-    assert code == 1 and out == ""
+def test_files_cannot_be_read(output: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], query: str) -> None:
+    code, out, err = _sql(capsys, output, query.format(tmp=tmp_path))
+    assert code == 1 and out == "" and not (tmp_path / "attached.db").exists()
     assert err.count("\n") == 1 and err.startswith("pagemill sql: ")  # one clear line
     assert "read-only" in err or "does not exist" in err
 
