@@ -1,8 +1,8 @@
 """Listing + result-cache check: `pagemill run` over N objects that an earlier run already extracted.
 
 Makes N small distinct PNGs (one different pixel each, so every sha256 differs) in a temp folder, writes a
-synthetic earlier run under OUTPUT/pages/run_id=seed/part-0.parquet (schemas.tables.PAGES, one `ok` row per
-file: page 0, tenant `default`, the config key that the timed run computes), then times
+synthetic earlier run under OUTPUT/pages/tenant=default/run_id=seed/part-0.parquet (schemas.tables.PAGES,
+one `ok` row per file: page 0, tenant `default`, the config key that the timed run computes), then times
   (a) the listing alone: apache_beam FileSystems.match over the folder, as the pipeline's ListObjects globs it;
   (b) `pagemill run --input DIR --output OUTPUT --model M --schema invoice --run-id bench` end to end in a
       subprocess (interpreter start and imports included): listing, intake (read, sha256, sniff, open),
@@ -94,7 +94,8 @@ def write_earlier_run(output: Path, contents: list[bytes], config: str) -> str:
             "model_revision": None, "extraction": "{}", "validation_errors": [], "flags": [],
             "hint_source": "none", "flag_detail": [], "created_at": created,
         })
-    return write_rows(str(output / "pages" / "run_id=seed"), tables.PAGES, rows, name="part-0.parquet")
+    folder = output / "pages" / "tenant=default" / "run_id=seed"
+    return write_rows(str(folder), tables.PAGES, rows, name="part-0.parquet")
 
 
 def time_listing(folder: Path, n: int) -> float:

@@ -14,9 +14,9 @@ from typing import Any
 SINCE_LAST_RUN_OVERLAP_S = 3600
 USAGE = """pagemill run --input URI [--input URI ...] --output DIR [--job FILE] [--run-id ID] [--tenant NAME]
              [pagemill options] [Beam pipeline options]
-pagemill sql --output DIR [--format table|csv|json] "QUERY" | --query NAME | --list-queries
+pagemill sql --output DIR [--tenant T] [--format table|csv|json] "QUERY" | --query NAME | --list-queries
 pagemill estimate --input URI [--input URI ...] [--job FILE] [--output DIR] [--format table|json] [run options]
-pagemill report --output DIR [--run-id ID] --html FILE
+pagemill report --output DIR [--tenant T] [--run-id ID] --html FILE
 pagemill make-test-model DIR"""
 
 
@@ -40,10 +40,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_command(argv: Sequence[str]) -> int:
     import apache_beam as beam
+    from apache_beam.options.pipeline_options import GoogleCloudOptions
 
     from pipelines.extract import build_pipeline
     from pipelines.manifest import build_manifest, run_counts, write_manifest
-    from pipelines.options import PagemillOptions, merge_flags, new_run_id
+    from pipelines.options import PagemillOptions, check_identifiers, merge_flags, new_run_id
     from pipelines.preflight import preflight
     from pipelines.storage import add_storage_args, configure, storage_from
     from transforms.write import clear_run, compact_run, run_files
@@ -64,21 +65,24 @@ def run_command(argv: Sequence[str]) -> int:
     if not o.input or not o.output:
         print("pagemill run: --input and --output are required (or a --job file that sets them)", file=sys.stderr)
         return 2
-    configure(storage)
-    problems = check_options(o) or preflight(o.input, o.output, storage)  # nothing is written if options are bad
+    job_name = options.view_as(GoogleCloudOptions).job_name
+    # Identifiers become paths under the output root: checked before anything (even pre-flight) runs.
+    problems = check_identifiers(o, job_name)
+    if not problems:
+        configure(storage)
+        problems = check_options(o) or preflight(o.input, o.output, storage)  # nothing is written if options are bad
+    o.run_id = o.run_id or new_run_id()
+    problems = problems or run_id_taken(o.output, o.tenant, o.run_id)
     if problems:
         for problem in problems:
             print(f"pagemill run: {problem}", file=sys.stderr)
         return 2
-    o.run_id = o.run_id or new_run_id()
-    from apache_beam.options.pipeline_options import GoogleCloudOptions
-
-    since, until = listing_window(o, options.view_as(GoogleCloudOptions).job_name, storage)
+    since, until = listing_window(o, job_name, storage)
     if o.force:
-        clear_run(o.output, o.run_id)
-    done_files = run_files(o.output, "documents", o.run_id)
-    resumed = bool(done_files or run_files(o.output, "pages", o.run_id))
-    earlier_files = [] if o.force else page_files(o.output)
+        clear_run(o.output, o.tenant, o.run_id)
+    done_files = run_files(o.output, "documents", o.tenant, o.run_id)
+    resumed = bool(done_files or run_files(o.output, "pages", o.tenant, o.run_id))
+    earlier_files = [] if o.force else page_files(o.output, o.tenant)
     started = dt.datetime.now(dt.UTC)
     run = {"run_id": o.run_id, "tenant": o.tenant, "created_at": started}
     verb = "resuming" if resumed else "reading"
@@ -89,24 +93,38 @@ def run_command(argv: Sequence[str]) -> int:
     result = pipeline.run()
     result.wait_until_finish()
     if resumed:
-        compact_run(o.output, o.run_id)
+        compact_run(o.output, o.tenant, o.run_id)
     wall = time.perf_counter() - t0
-    counts = run_counts(o.output, o.run_id, storage)
+    counts = run_counts(o.output, o.run_id, storage, o.tenant)
     manifest = build_manifest(o.run_id, _public_options(options), counts, stage_metrics(result),
                               started, dt.datetime.now(dt.UTC))
     manifest["resumed"] = resumed
     uri = write_manifest(o.output, o.run_id, manifest)
     print(summary(counts, wall, o.output, uri))
-    return 0
+    for error in counts["errors"]:
+        print(f"pagemill run: error: {error}", file=sys.stderr)
+    return 1 if counts["errors"] else 0
 
 
-def page_files(output: str) -> list[str]:
-    """Every finished `pages` file under the output root: the result cache's source."""
+def run_id_taken(output: str, tenant: str, run_id: str) -> list[str]:
+    """A run id belongs to the tenant that first wrote it: another tenant neither resumes, clears nor
+    overwrites its manifest (the manifest is `runs/<run_id>.json`, one per run id)."""
+    from pipelines.manifest import manifest_tenant
+    from transforms.write import run_tenants
+
+    owners = run_tenants(output, run_id) | ({manifest_tenant(output, run_id)} - {None})
+    if owners - {tenant}:  # the owner is not named: one tenant learns nothing about another
+        return [f"--run-id {run_id!r} belongs to another tenant under {output}; choose another run id"]
+    return []
+
+
+def page_files(output: str, tenant: str) -> list[str]:
+    """This tenant's finished `pages` files under the output root: the result cache's source."""
     from apache_beam.io.filesystems import FileSystems
 
     from transforms.write import join_uri
 
-    pattern = join_uri(output, "pages", "run_id=*", "*.parquet")
+    pattern = join_uri(output, "pages", f"tenant={tenant}", "run_id=*", "*.parquet")
     try:
         return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
     except Exception:  # noqa: BLE001 - no output yet
@@ -204,7 +222,10 @@ def summary(counts: dict[str, Any], wall: float, output: str, manifest_uri: str)
     t = counts["totals"]
     lines.append(f"  model calls {t['model_calls']}, tokens in {t['image_tokens'] + t['text_tokens']}, "
                  f"out {t['output_tokens']}, cost ${t['cost_usd']:.6f} (hosted API ${t['api_equivalent_usd']:.6f})")
-    lines.append(f"  tables:   {output.rstrip('/')}/{{documents,pages,ledger}}/  manifest: {manifest_uri}")
+    if counts.get("errors"):
+        lines.append(f"  ERRORS:   {len(counts['errors'])} (the run's tables break an invariant; see below)")
+    lines.append(f"  tables:   {output.rstrip('/')}/{{documents,pages,ledger}}/tenant={counts.get('tenant')}/  "
+                 f"manifest: {manifest_uri}")
     lines.append(f"  query:    pagemill sql --output {output} \"SELECT outcome, count(*) FROM documents GROUP BY 1\"")
     return "\n".join(lines)
 
@@ -218,6 +239,7 @@ def sql_command(argv: Sequence[str]) -> int:
     parser.add_argument("--format", choices=("table", "csv", "json"), default="table")
     parser.add_argument("--query", dest="named", metavar="NAME", default=None, help="a named query (--list-queries)")
     parser.add_argument("--list-queries", action="store_true", help="list the named queries")
+    parser.add_argument("--tenant", default=None, help="every view holds this tenant's rows only")
     parser.add_argument("query", nargs="?", help="SQL over the views documents, pages, ledger and runs")
     add_storage_args(parser)
     args = parser.parse_args(argv)
@@ -228,17 +250,23 @@ def sql_command(argv: Sequence[str]) -> int:
         return 0
     if not args.output or (args.query is None) == (args.named is None):
         parser.error("--output and exactly one of QUERY or --query NAME are required")
+    from pipelines.options import check_identifier
+
+    bad = check_identifier("--tenant", args.tenant)
+    if bad:
+        print(f"pagemill sql: {bad}", file=sys.stderr)
+        return 2
     storage = storage_from(vars(args))
     configure(storage)
     try:
         if args.named:
             from pipelines import queries
 
-            columns, rows = queries.run(args.output, args.named, storage)
+            columns, rows = queries.run(args.output, args.named, storage, tenant=args.tenant)
         else:
-            columns, rows = sql.query(args.output, args.query, storage)
+            columns, rows = sql.query(args.output, args.query, storage, tenant=args.tenant)
     except Exception as err:  # noqa: BLE001 - DuckDB's message is the useful part
-        print(f"pagemill sql: {err}", file=sys.stderr)
+        print(f"pagemill sql: {sql.error_line(err)}", file=sys.stderr)
         return 1
     print(sql.render(columns, rows, args.format))
     return 0

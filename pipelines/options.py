@@ -6,6 +6,7 @@ file uses the underscored names as keys. Flags on the command line override the 
 from __future__ import annotations
 
 import datetime as dt
+import re
 import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -162,3 +163,23 @@ def _resolve_paths(value: Any, base: Path, always: bool) -> Any:
     prefix = "@" if text.startswith("@") else ""
     candidate = base / text.removeprefix("@")
     return prefix + str(candidate) if (always or candidate.exists()) else text
+
+
+# Run ids, tenants and job names become folder names and file names under the output root.
+IDENTIFIER = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
+IDENTIFIER_RULE = ("letters, digits, '.', '_' and '-' only, not starting with '.', at most 128 characters "
+                   "(no path separators)")
+
+
+def check_identifier(flag: str, value: str | None) -> str | None:
+    """A problem line when `value` is not a safe identifier (None when it is, or is unset)."""
+    if value is None or IDENTIFIER.fullmatch(value):
+        return None
+    return f"{flag} {value!r} is not a valid identifier: use {IDENTIFIER_RULE}"
+
+
+def check_identifiers(o: Any, job_name: str | None = None) -> list[str]:
+    """Run id, tenant and job name of a run, checked before anything is written."""
+    found = (check_identifier("--run-id", o.run_id), check_identifier("--tenant", o.tenant),
+             check_identifier("--job-name", job_name))
+    return [p for p in found if p]

@@ -2,7 +2,9 @@
 
 Each query is plain DuckDB SQL over the views of `pipelines.sql.connect` (`documents`, `pages`, `ledger`:
 the latest row per key; `runs`: one row per manifest) plus `reason_codes` (code, meaning), registered
-here. Each takes one optional parameter, `$run_id`: NULL means every run under the output root.
+here. Each takes one optional parameter, `$run_id`: NULL means every run under the output root. Every
+query groups and joins on (tenant, run_id), so tenants never mix in one row even when a run id repeats;
+`pagemill sql --tenant T --query NAME` runs it over one tenant's rows only.
 Money is what the ledger recorded: `cost_usd` (GPU-seconds at --gpu-hourly-usd) and `api_equivalent_usd`
 (the same page at a hosted API's list price).
 """
@@ -29,7 +31,7 @@ class NamedQuery:
 
 COST_BY_RUN = NamedQuery("cost-by-run", "Pages, tokens, GPU-seconds and dollars of each run, per 1,000 pages, "
                          "beside the hosted-API price of the same pages.", """
-SELECT l.run_id,
+SELECT l.tenant, l.run_id,
        any_value(r.started_at) AS started_at,
        count(*) AS pages,
        count(*) FILTER (WHERE l.route = 'model') AS model_pages,
@@ -42,78 +44,79 @@ SELECT l.run_id,
        round(1000 * sum(l.cost_usd) / count(*), 6) AS usd_per_1k_pages,
        round(sum(l.api_equivalent_usd), 6) AS api_equivalent_usd,
        round(sum(l.api_equivalent_usd) / nullif(sum(l.cost_usd), 0), 1) AS api_over_cost
-FROM ledger l LEFT JOIN runs r USING (run_id)
+FROM ledger l LEFT JOIN runs r USING (tenant, run_id)
 WHERE $run_id IS NULL OR l.run_id = $run_id
-GROUP BY l.run_id
-ORDER BY min(l.created_at), l.run_id""")
+GROUP BY l.tenant, l.run_id
+ORDER BY min(l.created_at), l.tenant, l.run_id""")
 
 REJECT_REASONS = NamedQuery("reject-reasons", "Every reason code by run: documents (rejected, failed, partial) and "
                             "pages, with a count, an example and what the code means.", """
 WITH reasons AS (
-  SELECT run_id, 'document' AS level, outcome AS status, reason_code, source_uri AS example
+  SELECT tenant, run_id, 'document' AS level, outcome AS status, reason_code, source_uri AS example
   FROM documents WHERE reason_code IS NOT NULL
   UNION ALL
-  SELECT run_id, 'page', status, reason_code, source_uri || '#page=' || (page_index + 1)
+  SELECT tenant, run_id, 'page', status, reason_code, source_uri || '#page=' || (page_index + 1)
   FROM pages WHERE reason_code IS NOT NULL
 )
-SELECT run_id, level, status, reason_code, count(*) AS n, min(example) AS example, any_value(c.meaning) AS meaning
+SELECT tenant, run_id, level, status, reason_code, count(*) AS n, min(example) AS example,
+       any_value(c.meaning) AS meaning
 FROM reasons LEFT JOIN reason_codes c ON c.code = reasons.reason_code
 WHERE $run_id IS NULL OR run_id = $run_id
-GROUP BY run_id, level, status, reason_code
-ORDER BY run_id, level, n DESC, reason_code, status""")
+GROUP BY tenant, run_id, level, status, reason_code
+ORDER BY tenant, run_id, level, n DESC, reason_code, status""")
 
 # Pages that cost nothing because an identical page was extracted once: `duplicate` ledger rows (same
 # cache key inside the run), `cache` rows (answered by an earlier run) and the pages of `duplicate`
 # documents (byte-identical copies never reach the page stage, so they have no ledger row: their pages
 # come from documents.page_count, priced with the run's schema and model). Each is priced at what a
 # model page of the same run, schema and model cost on average; a run with no model page (everything
-# cached) is priced at the average over every run of that schema and model (`priced_from` says which).
+# cached) is priced at the average over every run of that tenant, schema and model (`priced_from` says which).
 CACHE_SAVINGS = NamedQuery("cache-savings", "Money saved by dedup and the result cache: pages answered without a "
                            "model call, priced at the average model page of the same run, schema and model.", """
 WITH model_pages AS (
-  SELECT l.run_id, p.schema_id, p.model, l.cost_usd, l.api_equivalent_usd
-  FROM ledger l JOIN pages p USING (run_id, doc_sha256, page_index)
+  SELECT l.tenant, l.run_id, p.schema_id, p.model, l.cost_usd, l.api_equivalent_usd
+  FROM ledger l JOIN pages p USING (tenant, run_id, doc_sha256, page_index)
   WHERE l.route = 'model'
 ), per_run AS (
-  SELECT run_id, schema_id, model, avg(cost_usd) AS usd, avg(api_equivalent_usd) AS api_usd
+  SELECT tenant, run_id, schema_id, model, avg(cost_usd) AS usd, avg(api_equivalent_usd) AS api_usd
   FROM model_pages GROUP BY ALL
 ), per_schema AS (
-  SELECT schema_id, model, avg(cost_usd) AS usd, avg(api_equivalent_usd) AS api_usd
+  SELECT tenant, schema_id, model, avg(cost_usd) AS usd, avg(api_equivalent_usd) AS api_usd
   FROM model_pages GROUP BY ALL
 ), run_config AS (
-  SELECT run_id, any_value(schema_id) AS schema_id, any_value(model) AS model
-  FROM pages WHERE schema_id IS NOT NULL GROUP BY run_id
+  SELECT tenant, run_id, any_value(schema_id) AS schema_id, any_value(model) AS model
+  FROM pages WHERE schema_id IS NOT NULL GROUP BY tenant, run_id
 ), reused AS (
-  SELECT l.run_id, p.schema_id, p.model, l.route, count(*) AS pages
-  FROM ledger l JOIN pages p USING (run_id, doc_sha256, page_index)
+  SELECT l.tenant, l.run_id, p.schema_id, p.model, l.route, count(*) AS pages
+  FROM ledger l JOIN pages p USING (tenant, run_id, doc_sha256, page_index)
   WHERE l.route IN ('duplicate', 'cache') GROUP BY ALL
   UNION ALL
-  SELECT d.run_id, c.schema_id, c.model, 'duplicate_document', sum(d.page_count)
-  FROM documents d JOIN run_config c USING (run_id)
+  SELECT d.tenant, d.run_id, c.schema_id, c.model, 'duplicate_document', sum(d.page_count)
+  FROM documents d JOIN run_config c USING (tenant, run_id)
   WHERE d.outcome = 'duplicate' GROUP BY ALL
 ), saved AS (
-  SELECT run_id, schema_id, model,
+  SELECT tenant, run_id, schema_id, model,
          coalesce(sum(pages) FILTER (WHERE route = 'duplicate'), 0) AS duplicate_pages,
          coalesce(sum(pages) FILTER (WHERE route = 'duplicate_document'), 0) AS duplicate_document_pages,
          coalesce(sum(pages) FILTER (WHERE route = 'cache'), 0) AS cached_pages,
          sum(pages) AS pages_saved
   FROM reused GROUP BY ALL
 )
-SELECT s.run_id, s.schema_id, s.model, s.duplicate_pages, s.duplicate_document_pages, s.cached_pages,
+SELECT s.tenant, s.run_id, s.schema_id, s.model, s.duplicate_pages, s.duplicate_document_pages, s.cached_pages,
        s.pages_saved,
        CASE WHEN r.usd IS NOT NULL THEN 'this run' WHEN a.usd IS NOT NULL THEN 'all runs' END AS priced_from,
        round(coalesce(r.usd, a.usd), 8) AS usd_per_model_page,
        round(s.pages_saved * coalesce(r.usd, a.usd), 6) AS saved_usd,
        round(s.pages_saved * coalesce(r.api_usd, a.api_usd), 6) AS saved_api_usd
 FROM saved s
-LEFT JOIN per_run r USING (run_id, schema_id, model)
-LEFT JOIN per_schema a USING (schema_id, model)
+LEFT JOIN per_run r USING (tenant, run_id, schema_id, model)
+LEFT JOIN per_schema a USING (tenant, schema_id, model)
 WHERE $run_id IS NULL OR s.run_id = $run_id
-ORDER BY s.run_id, s.schema_id, s.model""")
+ORDER BY s.tenant, s.run_id, s.schema_id, s.model""")
 
 TOKENS_BY_SCHEMA = NamedQuery("tokens-by-schema", "Tokens a model page takes per schema and model: means, output "
                               "p95 and max, attempts, and the share of pages extracted ok.", """
-SELECT p.schema_id, p.model,
+SELECT p.tenant, p.schema_id, p.model,
        count(DISTINCT l.run_id) AS runs,
        count(*) AS model_pages,
        round(avg(l.image_tokens), 1) AS image_per_page,
@@ -124,16 +127,16 @@ SELECT p.schema_id, p.model,
        sum(l.image_tokens + l.text_tokens + l.output_tokens) AS total_tokens,
        round(avg(l.attempts), 2) AS attempts_per_page,
        round(count(*) FILTER (WHERE p.status = 'ok') / count(*), 3) AS ok_share
-FROM ledger l JOIN pages p USING (run_id, doc_sha256, page_index)
+FROM ledger l JOIN pages p USING (tenant, run_id, doc_sha256, page_index)
 WHERE l.route = 'model' AND ($run_id IS NULL OR l.run_id = $run_id)
-GROUP BY p.schema_id, p.model
-ORDER BY total_tokens DESC, p.schema_id""")
+GROUP BY p.tenant, p.schema_id, p.model
+ORDER BY total_tokens DESC, p.tenant, p.schema_id""")
 
 # "Slowest" is engine time: each page's gpu_seconds is its batch's engine wall time shared out by tokens.
 # Render time is not recorded per document (the manifest has its distribution over the whole run).
 SLOWEST_DOCUMENTS = NamedQuery("slowest-documents", "The 20 documents that took the most engine time "
                                "(GPU-seconds), with pages, attempts, tokens, cost and outcome.", """
-SELECT l.run_id, l.source_uri,
+SELECT l.tenant, l.run_id, l.source_uri,
        any_value(d.outcome) AS outcome,
        count(*) AS pages,
        count(*) FILTER (WHERE l.route = 'model') AS model_pages,
@@ -142,10 +145,10 @@ SELECT l.run_id, l.source_uri,
        sum(l.attempts) AS attempts,
        sum(l.image_tokens + l.text_tokens + l.output_tokens) AS tokens,
        round(sum(l.cost_usd), 6) AS cost_usd
-FROM ledger l LEFT JOIN documents d USING (run_id, source_uri)
+FROM ledger l LEFT JOIN documents d USING (tenant, run_id, source_uri)
 WHERE $run_id IS NULL OR l.run_id = $run_id
-GROUP BY l.run_id, l.source_uri
-ORDER BY gpu_seconds DESC, l.source_uri
+GROUP BY l.tenant, l.run_id, l.source_uri
+ORDER BY gpu_seconds DESC, l.source_uri, l.tenant
 LIMIT 20""")
 
 QUERIES: Mapping[str, NamedQuery] = MappingProxyType(
@@ -164,13 +167,14 @@ def listing() -> str:
     return "\n".join(f"{q.name:<{width}}  {q.description}" for q in QUERIES.values())
 
 
-def run(output: str, name: str, storage: StorageConfig | None = None,
-        run_id: str | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """(columns, rows) of a named query over every run under `output`, or one run."""
+def run(output: str, name: str, storage: StorageConfig | None = None, run_id: str | None = None,
+        tenant: str | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """(columns, rows) of a named query over every run under `output` (or one tenant's), or one run."""
     q = get(name)
-    con = sql.connect(output, storage)
+    con = sql.connect(output, storage, tenant, read_only=False)
     try:
         con.register("reason_codes", pa.table({"code": list(REASON_CODES), "meaning": list(REASON_CODES.values())}))
+        sql.lock(con)  # read-only from here on, like `pagemill sql`
         rel = con.execute(q.sql, {"run_id": run_id})
         return [d[0] for d in rel.description], rel.fetchall()
     finally:

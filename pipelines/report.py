@@ -14,7 +14,9 @@ time, the current one marked.
 from __future__ import annotations
 
 import argparse
+import base64
 import datetime as dt
+import hashlib
 import html
 import json
 import re
@@ -32,11 +34,34 @@ from pipelines.storage import StorageConfig, add_storage_args, configure, storag
 HISTOGRAM_BINS = 12
 
 
-def latest_run(con: duckdb.DuckDBPyConnection) -> str | None:
-    """The run whose rows were written last (every row of a run carries its start time)."""
-    row = con.execute("SELECT run_id FROM documents GROUP BY run_id ORDER BY max(created_at) DESC, run_id DESC "
-                      "LIMIT 1").fetchone()
-    return row[0] if row else None
+def latest_run(con: duckdb.DuckDBPyConnection) -> tuple[str, str] | None:
+    """(tenant, run id) of the run whose rows were written last (every row of a run carries its start
+    time); over one tenant's rows when the connection is restricted to one."""
+    row = con.execute("SELECT tenant, run_id FROM documents GROUP BY ALL "
+                      "ORDER BY max(created_at) DESC, run_id DESC, tenant DESC LIMIT 1").fetchone()
+    return (row[0], row[1]) if row else None
+
+
+def find_run(output: str, storage: StorageConfig | None, run_id: str | None,
+             tenant: str | None) -> tuple[str, str]:
+    """(tenant, run id) the report is about: the latest run (of `tenant`, when given), or `run_id`,
+    whose tenant must be unambiguous."""
+    con = sql.connect(output, storage, tenant)
+    try:
+        if run_id is None:
+            found = latest_run(con)
+            if found is None:
+                raise ValueError(f"no run under {output}" + (f" for tenant {tenant!r}" if tenant else ""))
+            return found
+        owners = [t for (t,) in con.execute("SELECT DISTINCT tenant FROM documents WHERE run_id = ? ORDER BY 1",
+                                            [run_id]).fetchall()]
+    finally:
+        con.close()
+    if not owners:
+        raise ValueError(f"no run {run_id!r} under {output}" + (f" for tenant {tenant!r}" if tenant else ""))
+    if len(owners) > 1:
+        raise ValueError(f"run {run_id!r} exists for tenants {', '.join(owners)}: choose one with --tenant")
+    return owners[0], run_id
 
 
 def _dicts(con: duckdb.DuckDBPyConnection, query: str, params: Sequence[Any] | dict[str, Any]) -> list[dict[str, Any]]:
@@ -82,7 +107,7 @@ def histogram(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
 def throughput(con: duckdb.DuckDBPyConnection, run_id: str, manifest: dict[str, Any]) -> dict[str, Any]:
     pages, model_pages, engine_s = con.execute(
         "SELECT count(*), count(*) FILTER (WHERE route = 'model'), sum(gpu_seconds) FROM ledger WHERE run_id = ?",
-        [run_id]).fetchone()
+        [run_id]).fetchone()  # the connection holds the run's tenant only
     wall = manifest.get("wall_seconds")
     render = (manifest.get("stage_timings") or {}).get("render_ms")
     runs = _dicts(con, "SELECT run_id, started_at, pages, wall_seconds, pages / nullif(wall_seconds, 0) AS pages_per_s "
@@ -96,13 +121,13 @@ def throughput(con: duckdb.DuckDBPyConnection, run_id: str, manifest: dict[str, 
             "runs": runs}
 
 
-def collect(output: str, storage: StorageConfig | None = None, run_id: str | None = None) -> dict[str, Any]:
-    """Everything the report shows, as one JSON-ready dict."""
-    con = sql.connect(output, storage)
+def collect(output: str, storage: StorageConfig | None = None, run_id: str | None = None,
+            tenant: str | None = None) -> dict[str, Any]:
+    """Everything the report shows, as one JSON-ready dict. Every figure comes from one tenant's rows:
+    the run's (other tenants' runs are not in the views at all)."""
+    tenant, run_id = find_run(output, storage, run_id, tenant)
+    con = sql.connect(output, storage, tenant)
     try:
-        run_id = run_id or latest_run(con)
-        if run_id is None:
-            raise ValueError(f"no run under {output}")
         outcomes = dict(con.execute("SELECT outcome, count(*) FROM documents WHERE run_id = ? GROUP BY 1",
                                     [run_id]).fetchall())
         if not outcomes:
@@ -117,8 +142,10 @@ def collect(output: str, storage: StorageConfig | None = None, run_id: str | Non
         speed = throughput(con, run_id, manifest)
     finally:
         con.close()
-    named = {name: _named(output, storage, name, run_id) for name in ("cost-by-run", "cache-savings", "reject-reasons")}
-    return {"run_id": run_id, "output": output, "generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    named = {name: _named(output, storage, name, run_id, tenant)
+             for name in ("cost-by-run", "cache-savings", "reject-reasons")}
+    return {"run_id": run_id, "tenant": tenant, "output": output,
+            "generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "started_at": manifest.get("started_at"), "outcomes": outcomes, "funnel": funnel(outcomes),
             "routes": routes, "histogram": hist, "throughput": speed,
             "reasons": [{"label": f"{r['level']}: {r['reason_code']}", "value": r["n"], "note": r["example"]}
@@ -126,8 +153,8 @@ def collect(output: str, storage: StorageConfig | None = None, run_id: str | Non
             "cost": named["cost-by-run"][0] if named["cost-by-run"] else {}, "savings": named["cache-savings"]}
 
 
-def _named(output: str, storage: StorageConfig | None, name: str, run_id: str) -> list[dict[str, Any]]:
-    columns, rows = queries.run(output, name, storage, run_id=run_id)
+def _named(output: str, storage: StorageConfig | None, name: str, run_id: str, tenant: str) -> list[dict[str, Any]]:
+    columns, rows = queries.run(output, name, storage, run_id=run_id, tenant=tenant)
     return [dict(zip(columns, r, strict=True)) for r in rows]
 
 
@@ -136,7 +163,8 @@ def summary_rows(data: dict[str, Any]) -> list[tuple[str, str]]:
     saved = sum(s["saved_usd"] or 0 for s in data["savings"])
     saved_api = sum(s["saved_api_usd"] or 0 for s in data["savings"])
     t = data["throughput"]["run"]
-    rows = [("run", data["run_id"]), ("output", data["output"]), ("started", str(data["started_at"] or "unknown")),
+    rows = [("run", data["run_id"]), ("tenant", str(data.get("tenant"))), ("output", data["output"]),
+            ("started", str(data["started_at"] or "unknown")),
             ("documents", f"{sum(data['outcomes'].values()):,} listed: " +
              ", ".join(f"{v:,} {k}" for k, v in sorted(data["outcomes"].items())))]
     if c:
@@ -157,9 +185,18 @@ def render_html(data: dict[str, Any]) -> str:
     blob = json.dumps(data, default=str, sort_keys=True).replace("<", "\\u003c").replace(">", "\\u003e")
     blob = blob.replace("&", "\\u0026")
     parts = {"<!--TITLE-->": html.escape(f"pagemill run {data['run_id']}"), "<!--SUMMARY-->": table,
-             "/*DATA*/null": blob}
+             "/*DATA*/null": blob, "'script-hash'": f"'{script_hash(template)}'"}
     # One pass, so that text inserted for one marker is never searched for another.
     return re.sub("|".join(re.escape(k) for k in parts), lambda m: parts[m.group(0)], template)
+
+
+def script_hash(template: str) -> str:
+    """CSP source of the template's one executable script: `sha256-` + base64 of its exact text, so
+    the Content-Security-Policy allows that script and no other inline script."""
+    scripts = re.findall(r"<script>(.*?)</script>", template, re.S)
+    if len(scripts) != 1:
+        raise ValueError(f"the report template must hold exactly one inline script, found {len(scripts)}")
+    return "sha256-" + base64.b64encode(hashlib.sha256(scripts[0].encode("utf-8")).digest()).decode("ascii")
 
 
 def command(argv: Sequence[str]) -> int:
@@ -167,13 +204,20 @@ def command(argv: Sequence[str]) -> int:
                                      description="One self-contained HTML report of a run (no network to open it).")
     parser.add_argument("--output", required=True, help="output root that `pagemill run` wrote")
     parser.add_argument("--run-id", default=None, help="the run (default: the latest)")
+    parser.add_argument("--tenant", default=None, help="the tenant whose run it is (default: the run's own)")
     parser.add_argument("--html", required=True, help="the HTML file to write")
     add_storage_args(parser)
     args = parser.parse_args(argv)
+    from pipelines.options import check_identifier
+
+    bad = check_identifier("--run-id", args.run_id) or check_identifier("--tenant", args.tenant)
+    if bad:
+        print(f"pagemill report: {bad}", file=sys.stderr)
+        return 2
     storage = storage_from(vars(args))
     configure(storage)
     try:
-        data = collect(args.output, storage, args.run_id)
+        data = collect(args.output, storage, args.run_id, args.tenant)
     except (ValueError, duckdb.Error) as err:
         print(f"pagemill report: {err}", file=sys.stderr)
         return 1

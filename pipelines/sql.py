@@ -1,4 +1,10 @@
-"""`pagemill sql`: DuckDB views over every run under an output root, local or s3://."""
+"""`pagemill sql`: DuckDB views over every run under an output root, local or s3://.
+
+Read-only by construction: the tables are pyarrow datasets registered before DuckDB's file access is
+switched off and its configuration locked, so a query can read the views and nothing else (no
+`read_text`, no `COPY ... TO`, no `ATTACH`, no extensions). Values printed to a terminal or written as
+CSV come from documents, so they are escaped (control characters) or neutralised (spreadsheet formulas).
+"""
 from __future__ import annotations
 
 import csv
@@ -15,12 +21,15 @@ import pyarrow.fs as pafs
 from pipelines.storage import StorageConfig, arrow_filesystem
 from schemas import tables
 
-# The latest row per key wins, so a run resumed under the same run id never shows a row twice.
+# The latest row per key wins in the views, so a run resumed under the same run id never shows a row
+# twice. `<table>_all` keeps every raw row: the invariants (one row per key) are checked there.
 TABLE_KEYS = {
-    "documents": ("run_id", "source_uri"),
-    "pages": ("run_id", "doc_sha256", "page_index"),
-    "ledger": ("run_id", "doc_sha256", "page_index"),
+    "documents": ("tenant", "run_id", "source_uri"),
+    "pages": ("tenant", "run_id", "doc_sha256", "page_index"),
+    "ledger": ("tenant", "run_id", "doc_sha256", "page_index"),
 }
+# Cell text that a spreadsheet would run as a formula (OWASP's list: = + - @, and tab / CR before them).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 RUNS = pa.schema([
     ("run_id", pa.string()), ("started_at", pa.string()), ("finished_at", pa.string()),
     ("wall_seconds", pa.float64()), ("tenant", pa.string()), ("documents", pa.int64()), ("pages", pa.int64()),
@@ -29,14 +38,16 @@ RUNS = pa.schema([
 ])
 
 
-def table_files(fs: pafs.FileSystem, root: str, table: str) -> list[str]:
-    """Finished Parquet files of one table (Beam's temporary folders are skipped)."""
-    selector = pafs.FileSelector(f"{root}/{table}", allow_not_found=True, recursive=True)
+def table_files(fs: pafs.FileSystem, root: str, table: str, tenant: str | None = None) -> list[str]:
+    """Finished Parquet files of one table, or of one tenant's partitions (Beam's temporary folders
+    are skipped)."""
+    folder = f"{root}/{table}" + (f"/tenant={tenant}" if tenant is not None else "")
+    selector = pafs.FileSelector(folder, allow_not_found=True, recursive=True)
     return sorted(i.path for i in fs.get_file_info(selector)
                   if i.type == pafs.FileType.File and i.path.endswith(".parquet") and "beam-temp" not in i.path)
 
 
-def runs_table(fs: pafs.FileSystem, root: str) -> pa.Table:
+def runs_table(fs: pafs.FileSystem, root: str, tenant: str | None = None) -> pa.Table:
     selector = pafs.FileSelector(f"{root}/runs", allow_not_found=True)
     records = []
     for info in fs.get_file_info(selector):
@@ -51,31 +62,59 @@ def runs_table(fs: pafs.FileSystem, root: str) -> pa.Table:
                         "pages": totals.get("pages"), "model_calls": totals.get("model_calls"),
                         "cost_usd": totals.get("cost_usd"), "api_equivalent_usd": totals.get("api_equivalent_usd"),
                         "manifest": json.dumps(m, sort_keys=True)})
+    if tenant is not None:
+        records = [r for r in records if r["tenant"] == tenant]
     return pa.Table.from_pylist(records, schema=RUNS)
 
 
-def connect(output: str, storage: StorageConfig | None = None) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection with views `documents`, `pages`, `ledger` (latest row per key) and `runs`
-    over every run under `output`, local or s3://. The tables are pyarrow datasets registered in
+def connect(output: str, storage: StorageConfig | None = None, tenant: str | None = None,
+            read_only: bool = True) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with views `documents`, `pages`, `ledger` (latest row per key), their raw
+    rows `documents_all`, `pages_all`, `ledger_all`, and `runs`, over every run under `output`, local or
+    s3://. With `tenant`, every view holds that tenant's rows only: only its partitions are listed and
+    each dataset is filtered on the `tenant` column too. The tables are pyarrow datasets registered in
     DuckDB, which needs no httpfs extension. A table with no files yet is an empty view of the right
-    shape, so queries work before the first run."""
+    shape, so queries work before the first run. `read_only`: file access off, configuration locked."""
     fs, root = arrow_filesystem(output, storage or StorageConfig())
     con = duckdb.connect()
     for table in tables.TABLES:
         schema = tables.SCHEMAS[table]
-        files = table_files(fs, root, table)
-        data = ds.dataset(files, schema=schema, filesystem=fs, format="parquet") if files \
+        files = table_files(fs, root, table, tenant)
+        data: ds.Dataset | pa.Table = ds.dataset(files, schema=schema, filesystem=fs, format="parquet") if files \
             else pa.Table.from_batches([], schema=schema)
+        if tenant is not None and files:
+            data = data.filter(ds.field("tenant") == tenant)  # a row written to the wrong folder stays out
         con.register(f"{table}_all", data)
         keys = ", ".join(TABLE_KEYS[table])
         con.execute(f"CREATE VIEW {table} AS SELECT * FROM {table}_all "
                     f"QUALIFY row_number() OVER (PARTITION BY {keys} ORDER BY created_at DESC) = 1")
-    con.register("runs", runs_table(fs, root))
+    con.register("runs", runs_table(fs, root, tenant))
+    if read_only:
+        lock(con)
     return con
 
 
-def query(output: str, sql: str, storage: StorageConfig | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
-    con = connect(output, storage)
+def lock(con: duckdb.DuckDBPyConnection) -> None:
+    """No file, network or extension access from SQL, and no way to turn it back on. Registered Arrow
+    data is scanned through Python, so the views keep working."""
+    con.execute("SET python_enable_replacements = false")  # no scanning of Python variables by name
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
+def duplicate_keys(con: duckdb.DuckDBPyConnection, table: str, tenant: str, run_id: str,
+                   limit: int = 5) -> tuple[int, list[tuple[Any, ...]]]:
+    """Keys of one run that have more than one raw row: (how many keys, a few examples)."""
+    keys = ", ".join(TABLE_KEYS[table])
+    query = (f"SELECT {keys}, count(*) AS n FROM {table}_all WHERE tenant = ? AND run_id = ? "
+             f"GROUP BY ALL HAVING count(*) > 1 ORDER BY ALL")
+    found = con.execute(query, [tenant, run_id]).fetchall()
+    return len(found), found[:limit]
+
+
+def query(output: str, sql: str, storage: StorageConfig | None = None,
+          tenant: str | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
+    con = connect(output, storage, tenant)
     try:
         rel = con.sql(sql)
         if rel is None:
@@ -85,24 +124,51 @@ def query(output: str, sql: str, storage: StorageConfig | None = None) -> tuple[
         con.close()
 
 
+def error_line(err: Exception) -> str:
+    """DuckDB's message on one line; a refused file access says that SQL here is read-only."""
+    text = terminal_safe(" ".join(str(err).split()))
+    if isinstance(err, duckdb.PermissionException) or "disabled by configuration" in text:
+        return f"{text} (pagemill sql is read-only: it reads the views, never a file)"
+    return text
+
+
 def render(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str) -> str:
-    if fmt == "json":
+    if fmt == "json":  # json.dumps escapes every control character
         return json.dumps([dict(zip(columns, r, strict=True)) for r in rows], default=str, indent=1)
     if fmt == "csv":
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
-        writer.writerow(columns)
-        writer.writerows(rows)
+        writer.writerow([csv_cell(c) for c in columns])
+        writer.writerows([csv_cell(v) for v in r] for r in rows)
         return buf.getvalue().rstrip("\n")
+    names = [terminal_safe(c) for c in columns]
     cells = [[_cell(v) for v in r] for r in rows]
-    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-    lines = [" | ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)),
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(names)]
+    lines = [" | ".join(c.ljust(w) for c, w in zip(names, widths, strict=True)),
              "-+-".join("-" * w for w in widths)]
     lines += [" | ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
     lines.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
     return "\n".join(lines)
 
 
+def terminal_safe(text: str) -> str:
+    """Control characters (ESC, CR, BEL, ... and C1, DEL, line/paragraph separators) as Python escapes,
+    so a document-derived string cannot move the cursor, retitle the terminal or hide a line."""
+    return "".join(c.encode("unicode_escape").decode("ascii") if _control(c) else c for c in text)
+
+
+def _control(c: str) -> bool:
+    code = ord(c)
+    return code < 0x20 or 0x7F <= code < 0xA0 or c in "\u2028\u2029\u200e\u200f\u202a\u202b\u202c\u202d\u202e"
+
+
+def csv_cell(value: Any) -> Any:
+    """A text cell that starts like a formula gets a leading `'`, so a spreadsheet shows it as text."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def _cell(value: Any) -> str:
-    text = "NULL" if value is None else str(value)
+    text = terminal_safe("NULL" if value is None else str(value))
     return text if len(text) <= 80 else text[:77] + "..."

@@ -1,4 +1,6 @@
-"""Write: the `documents`, `pages` and `ledger` tables as Parquet, hive-partitioned by `run_id=`.
+"""Write: the `documents`, `pages` and `ledger` tables as Parquet, hive-partitioned by tenant and run:
+`<output>/<table>/tenant=<tenant>/run_id=<run_id>/part-*.parquet`. Resume, `--force` and compaction
+touch one (tenant, run id) partition only, so one tenant can never resume, clear or rewrite another's.
 
 Each table has one Arrow schema (schemas/tables.py); Beam's Parquet sink writes to a temporary
 folder and renames on success, so readers never see half-written files.
@@ -28,16 +30,35 @@ def join_uri(root: str, *parts: str) -> str:
     return FileSystems.join(root.rstrip("/"), *parts) if root.rstrip("/") else "/".join(parts)
 
 
-def run_files(output: str, table: str, run_id: str) -> list[str]:
-    pattern = join_uri(output, table, f"run_id={run_id}", "*.parquet")
+def partition(output: str, table: str, tenant: str, run_id: str) -> str:
+    """The folder of one run of one tenant in one table (identifiers are validated by the options)."""
+    return join_uri(output, table, f"tenant={tenant}", f"run_id={run_id}")
+
+
+def run_files(output: str, table: str, tenant: str, run_id: str) -> list[str]:
+    pattern = join_uri(partition(output, table, tenant, run_id), "*.parquet")
     return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
 
 
-def clear_run(output: str, run_id: str) -> int:
-    """Delete this run id's partitions (`--force` over an existing run id starts it afresh)."""
+def run_tenants(output: str, run_id: str) -> set[str]:
+    """Tenants that have rows under this run id in any table (a run id belongs to one tenant)."""
+    found = set()
+    for table in tables.TABLES:
+        pattern = join_uri(output, table, "tenant=*", f"run_id={run_id}", "*.parquet")
+        try:
+            matches = FileSystems.match([pattern])[0].metadata_list
+        except Exception:  # noqa: BLE001 - nothing written yet
+            continue
+        for m in matches:
+            found.update(part.removeprefix("tenant=") for part in m.path.split("/") if part.startswith("tenant="))
+    return found
+
+
+def clear_run(output: str, tenant: str, run_id: str) -> int:
+    """Delete this run's partitions (`--force` over an existing run id starts it afresh)."""
     removed = 0
     for table in tables.TABLES:
-        pattern = join_uri(output, table, f"run_id={run_id}", "*")
+        pattern = join_uri(partition(output, table, tenant, run_id), "*")
         matches = FileSystems.match([pattern])[0].metadata_list
         if matches:
             FileSystems.delete([m.path for m in matches])
@@ -45,14 +66,14 @@ def clear_run(output: str, run_id: str) -> int:
     return removed
 
 
-def compact_run(output: str, run_id: str) -> dict[str, int]:
+def compact_run(output: str, tenant: str, run_id: str) -> dict[str, int]:
     """Rewrite a resumed run's partitions with the latest row per key and delete the old files, so
     no (run, document, page) ever has two rows. The new file is written before the old ones go."""
     from pipelines.sql import TABLE_KEYS
 
     kept: dict[str, int] = {}
     for table in tables.TABLES:
-        files = run_files(output, table, run_id)
+        files = run_files(output, table, tenant, run_id)
         if len(files) < 2:
             continue
         schema = tables.SCHEMAS[table]
@@ -64,7 +85,7 @@ def compact_run(output: str, run_id: str) -> dict[str, int]:
                 key = tuple(row[k] for k in TABLE_KEYS[table])
                 if key not in latest or _rank(row) >= _rank(latest[key]):
                     latest[key] = row
-        write_rows(join_uri(output, table, f"run_id={run_id}"), schema, list(latest.values()),
+        write_rows(partition(output, table, tenant, run_id), schema, list(latest.values()),
                    name=f"part-compacted-{uuid.uuid4().hex}.parquet")
         FileSystems.delete(files)
         kept[table] = len(latest)
@@ -86,8 +107,8 @@ class WriteParquetBundles(beam.DoFn):
     temporary name and renamed; an S3 object appears only when its upload completes.
     """
 
-    def __init__(self, output: str, table: str, run_id: str) -> None:
-        self.folder = join_uri(output, table, f"run_id={run_id}")
+    def __init__(self, folder: str, table: str) -> None:
+        self.folder = folder  # partition(output, table, tenant, run_id)
         self.table = table
 
     def setup(self) -> None:
@@ -124,12 +145,12 @@ def write_rows(folder: str, schema: pa.Schema, rows: list[dict[str, Any]], name:
 
 
 class WriteTable(beam.PTransform):
-    def __init__(self, output: str, table: str, run_id: str) -> None:
+    def __init__(self, output: str, table: str, tenant: str, run_id: str) -> None:
         super().__init__()
-        self.output, self.table, self.run_id = output, table, run_id
+        self.folder, self.table = partition(output, table, tenant, run_id), table
 
     def expand(self, rows: beam.PCollection) -> beam.PCollection:
-        return rows | beam.ParDo(WriteParquetBundles(self.output, self.table, self.run_id))
+        return rows | beam.ParDo(WriteParquetBundles(self.folder, self.table))
 
 
 class WriteTables(beam.PTransform):
@@ -142,17 +163,17 @@ class WriteTables(beam.PTransform):
         self.pages = pages
 
     def expand(self, documents: beam.PCollection) -> dict[str, beam.PCollection]:
-        run, run_id = self.run, self.run["run_id"]
+        run, run_id, tenant = self.run, self.run["run_id"], self.run["tenant"]
         return {
             "documents": documents
             | "DocumentDicts" >> beam.Map(tables.document_row, run)
-            | "WriteDocuments" >> WriteTable(self.output, "documents", run_id),
+            | "WriteDocuments" >> WriteTable(self.output, "documents", tenant, run_id),
             "pages": self.pages
             | "PageDicts" >> beam.Map(tables.page_row, run)
-            | "WritePages" >> WriteTable(self.output, "pages", run_id),
+            | "WritePages" >> WriteTable(self.output, "pages", tenant, run_id),
             "ledger": self.pages
             | "LedgerDicts" >> beam.Map(tables.ledger_row, run)
-            | "WriteLedger" >> WriteTable(self.output, "ledger", run_id),
+            | "WriteLedger" >> WriteTable(self.output, "ledger", tenant, run_id),
         }
 
 

@@ -65,6 +65,22 @@ def assert_self_contained(text: str) -> None:
     assert "default-src 'none'" in text  # and the page's CSP forbids fetching anything
 
 
+def test_csp_allows_its_one_script_by_hash(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The policy names the page's one executable script by its SHA-256 (CSP Level 2: base64 of the digest
+    of the script element's exact text) and allows no other inline script."""
+    import base64
+    import hashlib
+
+    text = report.render_html(report.collect(str(cost_runs.render_run(tmp_path_factory))))
+    (policy,) = re.findall(r'http-equiv="Content-Security-Policy" content="([^"]*)"', text)
+    directives = dict(d.strip().split(" ", 1) for d in policy.split(";") if d.strip())
+    assert "unsafe-inline" not in directives["script-src"] and directives["default-src"] == "'none'"
+    (script,) = re.findall(r"<script>(.*?)</script>", text, re.S)  # the JSON data block is not executable
+    assert len(re.findall(r"<script\b", text)) == 2 and 'type="application/json"' in text
+    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode()
+    assert directives["script-src"] == f"'sha256-{digest}'"
+
+
 def test_funnel_is_pipeline_order() -> None:
     steps = report.funnel({"rejected": 2, "duplicate": 1, "cached": 3, "quarantined": 1, "extracted": 4,
                            "partial": 1})

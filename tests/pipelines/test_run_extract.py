@@ -11,6 +11,7 @@ from pipelines import cli, sql
 from schemas.extraction import load_schema
 from tests import docmaker
 from tests.conftest import vllm_available
+from tests.pipelines.raw import one_row_per, raw_rows
 from transforms import budget
 from transforms.detail import low_detail_size
 
@@ -42,19 +43,24 @@ def extracted(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path) ->
     return output
 
 
-def test_every_extraction_validates_against_the_invoice_schema(extracted: Path) -> None:
+def test_every_extraction_validates_against_the_invoice_schema(extracted: Path, test_model_dir: Path) -> None:
     schema = load_schema("invoice")
-    pages = rows(extracted, "SELECT * FROM pages WHERE status = 'ok'")
-    assert len(pages) >= 4
+    every = one_row_per(raw_rows(extracted, "pages", "x1"), "doc_sha256", "page_index")
+    pages = [p for p in every.values() if p["status"] == "ok"]
+    # From the inputs: invoice.pdf 1 page + report-a.pdf 3 (2 + the terms page) + report-b.pdf 2 + scan.png 1
+    # = 7 pages reach the model stage; report-b's terms page is report-a's (`duplicate`), so 6 are extracted.
+    # The copy of the invoice is a duplicate document and corrupt.pdf is rejected: neither has pages.
+    assert sorted(p["status"] for p in every.values()) == ["duplicate"] + ["ok"] * 6
     for page in pages:
         jsonschema.validate(json.loads(page["extraction"]), schema.schema)
         assert (page["schema_id"], page["schema_hash"]) == ("invoice", schema.schema_hash)
-        assert (page["model"], page["model_revision"]) == (str(Path(page["model"])), "tiny")
+        assert (page["model"], page["model_revision"]) == (str(test_model_dir), "tiny")
         assert page["cache_key"] and page["page_hash"]
 
 
 def test_documents_outcomes(extracted: Path) -> None:
-    docs = {Path(d["source_uri"]).name: d for d in rows(extracted, "SELECT * FROM documents")}
+    by_uri = one_row_per(raw_rows(extracted, "documents"), "source_uri")  # raw rows: a second row fails
+    docs = {Path(uri).name: d for uri, d in by_uri.items()}
     assert len(docs) == 6
     assert docs["zz-invoice-copy.pdf"]["outcome"] == "duplicate"
     assert docs["corrupt.pdf"]["outcome"] == "rejected"
@@ -91,6 +97,8 @@ def test_ledger_has_engine_tokens_and_costs(extracted: Path) -> None:
         assert row["cost_usd"] == pytest.approx(row["gpu_seconds"] * 2.5 / 3600)
         assert row["api_equivalent_usd"] > row["cost_usd"] * 0  # priced, and never negative
     manifest = json.loads((extracted / "runs" / "x1.json").read_text())
+    one_row_per(raw_rows(extracted, "ledger", "x1"), "doc_sha256", "page_index")
+    assert manifest["errors"] == [] and set(manifest["duplicate_keys"].values()) == {0}
     assert manifest["totals"]["model_calls"] == len(ledger)
     assert manifest["totals"]["cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in ledger), abs=1e-6)
 

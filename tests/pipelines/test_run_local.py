@@ -17,6 +17,7 @@ import pytest
 from pipelines import cli, sql
 from schemas.records import OUTCOMES, PAGE_STATUSES, REASON_CODES
 from tests import docmaker
+from tests.pipelines.raw import one_row_per, raw_rows
 
 MAX_BYTES = 1_000_000
 MAX_SIDE = 640  # smaller than the default: quicker, and checks that the flag reaches the page stage
@@ -142,18 +143,15 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 
 
 def _documents(r: Run) -> dict[str, dict[str, Any]]:
-    found = rows(r.output, f"SELECT * FROM documents WHERE run_id = '{r.run_id}'")
-    by_uri = {d["source_uri"]: d for d in found}
-    assert len(by_uri) == len(found), "a source URI has more than one documents row"
-    return by_uri
+    """The run's documents by source URI, from the raw Parquet rows: a second row for one URI fails here."""
+    return one_row_per(raw_rows(r.output, "documents", r.run_id), "source_uri")
 
 
 def test_one_documents_row_per_object(run: Run) -> None:
     docs = _documents(run)
     listed = set(run.corpus.expected) | set(run.corpus.duplicates)
     assert set(docs) == listed
-    (count,) = sql.query(str(run.output), "SELECT count(*) FROM documents")[1][0]
-    assert count == len(listed) == len(FILES) + len(DUPLICATES) + 2
+    assert len(raw_rows(run.output, "documents")) == len(listed) == len(FILES) + len(DUPLICATES) + 2
 
 
 def test_each_outcome_and_reason(run: Run) -> None:
@@ -238,10 +236,12 @@ def test_manifest_matches_tables(run: Run) -> None:
     assert manifest["outcomes"] == dict(Counter(d["outcome"] for d in docs.values()))
     reasons = Counter(d["reason_code"] for d in docs.values() if d["outcome"] == "rejected")
     assert manifest["reject_reasons"] == dict(reasons)
-    pages = rows(run.output, "SELECT status, count(*) AS n FROM pages GROUP BY 1")
-    assert manifest["pages"] == {p["status"]: p["n"] for p in pages}
-    (ledger_rows,) = sql.query(str(run.output), "SELECT count(*) FROM ledger")[1][0]
+    pages = one_row_per(raw_rows(run.output, "pages", run.run_id), "doc_sha256", "page_index")
+    assert manifest["pages"] == dict(Counter(p["status"] for p in pages.values()))
+    ledger_rows = len(one_row_per(raw_rows(run.output, "ledger", run.run_id), "doc_sha256", "page_index"))
     assert manifest["totals"]["pages"] == ledger_rows == sum(manifest["pages"].values())
+    assert manifest["duplicate_keys"] == {"documents": 0, "pages": 0, "ledger": 0}
+    assert manifest["errors"] == [] and manifest["tenant"] == "default"
     assert manifest["totals"]["model_calls"] == 0
     assert manifest["options"]["extract"] is False
     assert manifest["options"]["max_bytes"] == MAX_BYTES
@@ -279,8 +279,9 @@ def test_rerun_same_run_id_replaces_rows(tmp_path: Path) -> None:
     assert run_pipeline(corpus, output, "again", runner) == 0
     assert rows(output, "SELECT source_uri, outcome, reason_code, doc_sha256 FROM documents ORDER BY 1") == first
     assert rows(output, "SELECT doc_sha256, page_index, page_hash FROM pages ORDER BY 1, 2") == pages
-    (ledger,) = sql.query(str(output), "SELECT count(*) FROM ledger")[1][0]
-    assert ledger == len(pages)
+    # Raw rows, not the views (which keep one row per key): the re-run replaced rows, it did not add any.
+    assert len(raw_rows(output, "documents", "again")) == len(first)
+    assert len(raw_rows(output, "pages", "again")) == len(raw_rows(output, "ledger", "again")) == len(pages)
     # Another run id adds a partition beside it.
     assert run_pipeline(corpus, output, "other", runner) == 0
     counts = dict(sql.query(str(output), "SELECT run_id, count(*) FROM documents GROUP BY 1")[1])
@@ -336,3 +337,45 @@ def test_job_file_and_cli_override(tmp_path: Path) -> None:
 def test_missing_input_and_output_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["run", "--extract", "false"]) == 2
     assert "--input and --output are required" in capsys.readouterr().err
+
+
+def test_a_duplicate_raw_row_fails_the_checks_and_the_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Plant a second `documents` row for one file, with a contradictory outcome, in a second Parquet file
+    of the run's partition: the views still show one row, but the raw-row check and the manifest catch it."""
+    from pipelines.manifest import run_counts
+    from schemas import tables
+    from transforms.write import partition, write_rows
+
+    inputs = _small_folder(tmp_path / "in", 0)
+    output = tmp_path / "out"
+    assert cli.main(["run", "--input", str(tmp_path / "in"), "--output", str(output), "--extract", "false",
+                     "--run-id", "dup", "--progress-every-s", "0"]) == 0
+    clean = run_counts(str(output), "dup", tenant="default")
+    assert clean["errors"] == [] and clean["documents"] == len(inputs)
+    (original,) = [r for r in raw_rows(output, "documents", "dup") if r["source_uri"] == inputs[0]]
+    assert original["outcome"] == "rendered"
+    planted = {**original, "outcome": "rejected", "reason_code": "unreadable", "message": "planted"}
+    write_rows(partition(str(output), "documents", "default", "dup"), tables.DOCUMENTS, [planted])
+
+    # The deduplicating view hides it: that is why the invariants are not checked there.
+    (count,) = sql.query(str(output), "SELECT count(*) FROM documents WHERE run_id = 'dup'")[1][0]
+    assert count == len(inputs)
+    with pytest.raises(AssertionError, match="more than one raw row"):
+        one_row_per(raw_rows(output, "documents", "dup"), "source_uri")
+    counts = run_counts(str(output), "dup", tenant="default")
+    assert counts["documents"] == len(inputs) + 1  # raw rows are counted
+    assert counts["duplicate_keys"] == {"documents": 1, "pages": 0, "ledger": 0}
+    (error,) = counts["errors"]
+    assert error.startswith("documents: 1 key(s)") and inputs[0] in error
+    assert "ERRORS:   1" in cli.summary(counts, 1.0, str(output), "runs/dup.json")
+
+    # A resume whose compaction is broken (a fault injected here) leaves the duplicate: the run exits 1,
+    # says why, and its manifest records the error.
+    monkeypatch.setattr("transforms.write.compact_run", lambda *a, **k: {})
+    capsys.readouterr()
+    assert cli.main(["run", "--input", str(tmp_path / "in"), "--output", str(output), "--extract", "false",
+                     "--run-id", "dup", "--progress-every-s", "0"]) == 1
+    assert "error: documents: 1 key(s) with more than one row" in capsys.readouterr().err
+    manifest = json.loads((output / "runs" / "dup.json").read_text())
+    assert manifest["resumed"] and manifest["duplicate_keys"]["documents"] == 1 and len(manifest["errors"]) == 1

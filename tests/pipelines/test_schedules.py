@@ -205,7 +205,7 @@ def _seed_pages(output: Path, pages: dict[bytes, list[int]], decoys: dict[bytes,
     for data, i in decoys.items():
         seeded += [row(data, i, status="failed", extraction=None, reason_code="engine_error"),
                    row(data, i, tenant="acme"), row(data, i, config_key="another-config")]
-    write_rows(str(output / "pages" / "run_id=seed"), tables.PAGES, seeded, name="part-0.parquet")
+    write_rows(str(output / "pages" / "tenant=default" / "run_id=seed"), tables.PAGES, seeded, name="part-0.parquet")
 
 
 @pytest.mark.slow
