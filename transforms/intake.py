@@ -19,7 +19,15 @@ from apache_beam.metrics import Metrics
 from PIL import Image, UnidentifiedImageError
 
 from schemas.records import DocumentRecord, DocumentRow, ListedObject
-from transforms.formats import IMAGE_FORMATS, PdfPasswordError, image_page_count, open_image, open_pdf, sniff_format
+from transforms.formats import (
+    IMAGE_FORMATS,
+    PdfPasswordError,
+    image_page_count,
+    open_image,
+    open_pdf,
+    seek_frame,
+    sniff_format,
+)
 
 log = logging.getLogger(__name__)
 REJECTED = "rejected"
@@ -90,6 +98,10 @@ def _count_pages(data: bytes, fmt: str, limits: IntakeLimits) -> int:
         raise ValueError(f"no reader for {fmt}")
     with open_image(data, limits.max_image_pixels) as img:
         count = image_page_count(img, fmt)
+        if count > limits.max_pages:
+            return count  # rejected as too_many_pages without walking the frames
+        for index in range(1, count):  # headers only: each frame has its own declared size
+            seek_frame(img, index, limits.max_image_pixels)
         img.seek(0)
         img.load()  # decodes frame 0 now, so a truncated image is rejected here, not mid-run
         return count

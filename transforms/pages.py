@@ -18,7 +18,7 @@ from apache_beam.metrics import Metrics
 from PIL import Image, ImageOps
 
 from schemas.records import DocumentRecord, PageImage, PageRow
-from transforms.formats import PDFIUM_LOCK, PdfPasswordError, load_pdf, open_image
+from transforms.formats import PDFIUM_LOCK, PdfPasswordError, load_pdf, open_image, seek_frame
 from transforms.intake import read_capped
 from transforms.textlayer import TextEvidence, pdf_text_evidence
 
@@ -140,9 +140,11 @@ def render_image(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterato
     with open_image(data, s.max_image_pixels) as img:
         for index in range(doc.page_count):
             try:
-                img.seek(index)
+                seek_frame(img, index, s.max_image_pixels)  # before the frame is decoded
                 frame = ImageOps.exif_transpose(img) if index == 0 else img.copy()
                 yield _finish(doc, index, normalise(frame, s.max_side), "", s)
+            except Image.DecompressionBombError as err:
+                yield failed_page(doc, index, "decompression_bomb", str(err))
             except Exception as err:  # noqa: BLE001
                 yield failed_page(doc, index, "render_failed", f"{type(err).__name__}: {err}")
 
