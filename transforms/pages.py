@@ -20,7 +20,7 @@ from PIL import Image, ImageOps
 from schemas.records import DocumentRecord, PageImage, PageRow
 from transforms.formats import PDFIUM_LOCK, PdfPasswordError, load_pdf, open_image, seek_frame
 from transforms.intake import read_capped
-from transforms.textlayer import TextEvidence, pdf_text_evidence
+from transforms.textlayer import TRUNCATED_FLAG, TextEvidence, pdf_text_evidence
 
 FAILED_PAGES = "failed_pages"
 MAX_ASPECT = 100  # well inside the 200:1 that Qwen2-VL's processor accepts, after its own rounding
@@ -92,7 +92,8 @@ def _finish(doc: DocumentRecord, index: int, img: Image.Image, text: str, s: Ren
     return PageImage(doc_sha256=doc.doc_sha256, source_uri=doc.uri, page_index=index, page_hash=page_hash(img),
                      image=encode_page(img, s.jpeg_quality), width=img.width, height=img.height,
                      text_layer=text[: s.max_text_chars], text_coverage=evidence.coverage,
-                     invisible_text=tuple(t[:500] for t in evidence.invisible[:50]))
+                     invisible_text=tuple(t[:500] for t in evidence.invisible[:50]),
+                     flags=(TRUNCATED_FLAG,) if evidence.truncated else ())
 
 
 def render_pdf_page(pdf: pdfium.PdfDocument, index: int,
