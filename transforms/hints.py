@@ -108,6 +108,9 @@ def choose_hint(page: PageImage, s: HintSettings, ocr: Ocr = run_tesseract) -> H
         flags.append("invisible_text")
         notes.append(_note("invisible_text", " | ".join(page.invisible_text)))
     text, source, cover, result = _source_text(page, s, ocr, notes, flags)
+    # Normalised once, before scanning and cleaning, so both see the same characters (NFKC, no
+    # zero-width or other format characters): a look-alike cannot pass one and not the other.
+    text = injection.normalise(text)
     hits = injection.scan(text) if text else ()
     hidden_hits = tuple(m for run in page.invisible_text for m in injection.scan(run))
     if hits or hidden_hits:
