@@ -1,7 +1,7 @@
 """A fence a document cannot forge (issue 16, item 3): hints are normalised before they are scanned and
-cleaned, look-alike fence markers and every control token are removed, and the fence marker is random per
-request, so no document text can close it. The tiny test model's real tokenizer decides what a control
-token is."""
+cleaned, look-alike fence markers and every control token are removed, and the fence marker is derived
+from a hash of the cleaned hint, so no document text can close it. The tiny test model's real tokenizer
+decides what a control token is."""
 from __future__ import annotations
 
 import re
@@ -54,14 +54,13 @@ def test_hints_are_normalised_before_scanning_and_cleaning() -> None:
     assert "PAGE_TEXT" not in choice.hint.upper() and "prompt_injection" in choice.flags
 
 
-def test_fence_marker_is_random_per_request_and_not_in_the_cache_key() -> None:
-    first, second = user_text(SCHEMA, "Total 12.00"), user_text(SCHEMA, "Total 12.00")
-    opens = [re.search(r"<<<(PAGE_TEXT-[0-9a-f]{16})\n", t) for t in (first, second)]
-    assert all(opens) and opens[0].group(1) != opens[1].group(1)  # type: ignore[union-attr]
-    for text, found in zip((first, second), opens, strict=True):
-        marker = found.group(1)  # type: ignore[union-attr]
+def test_fence_marker_depends_on_the_hint_and_is_not_in_the_cache_key() -> None:
+    texts = [user_text(SCHEMA, "Total 12.00"), user_text(SCHEMA, "Total 12.01"), user_text(SCHEMA, "Total 12.00")]
+    markers = [re.search(r"<<<(PAGE_TEXT-[0-9a-f]{16})\n", t).group(1) for t in texts]  # type: ignore[union-attr]
+    assert markers[0] != markers[1] and markers[0] == markers[2]  # unpredictable from outside, reproducible
+    for text, marker, hint in zip(texts, markers, ("Total 12.00", "Total 12.01", "Total 12.00"), strict=True):
         assert text.count(marker) == 3  # named in the instruction, then open and close
-        assert text.endswith(f"<<<{marker}\nTotal 12.00\n{marker}>>>")
+        assert text.endswith(f"<<<{marker}\n{hint}\n{marker}>>>")
     # The template, not the marker of one request, is what the cache configuration hashes.
     assert "{marker}" in HINT_OPEN and "{marker}" in HINT_CLOSE
     assert prompt_template_hash() == prompt_template_hash()
