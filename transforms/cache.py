@@ -2,7 +2,7 @@
 
 Two levels, both before any model call:
 - documents: a kept document whose every page already has a reusable row under the same cache
-  configuration (model + revision, prompt, schema, decoding, tenant, render settings) is never
+  configuration (model + revision, prompt, schema, decoding, tenant, render and gate settings) is never
   rendered; its pages are written as `cached` copies of those rows.
 - pages: a rendered page whose cache key already has a reusable row is not extracted again.
 
@@ -15,7 +15,7 @@ Safety before reuse (the rule): the cache never vouches for a page that today's 
   page-level cache after the gate still spares the model). Lists change daily; re-checking by hash
   keeps the cache without trusting it.
 - The classifier, its threshold and the extra `--safety-check`s cannot be re-checked from a row, so
-  they are part of the cache configuration (`safety_key` in pipelines/extract.py): changing any of
+  they are part of the cache configuration (`SafetyConfig.cache_key`, transforms/safety.py): changing any of
   them makes every page go through the gate (and the model) again.
 - The page-level cache runs after the gate, so a page it reuses has passed today's gate.
 The lookups are Beam joins (CoGroupByKey), so they scale with the runner, not with driver memory.
