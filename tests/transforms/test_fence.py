@@ -17,7 +17,6 @@ from transforms.prompt import (
     HINT_OPEN,
     chat_messages,
     clean_hint,
-    control_tokens,
     prompt_template_hash,
     user_text,
 )
@@ -74,6 +73,8 @@ def test_document_cannot_close_a_fence_it_has_not_seen() -> None:
 
 
 def test_control_tokens_come_from_the_tokenizer(tokenizer: Any) -> None:
+    from transforms.prompt import control_tokens
+
     tokens = control_tokens(tokenizer)
     assert {"<|vision_end|>", "<|video_pad|>", "<|im_start|>", "<|im_end|>"} <= set(tokens)
 
