@@ -83,8 +83,13 @@ def extract_config(o: PagemillOptions) -> ExtractConfig:
 
 def render_key(o: PagemillOptions) -> str:
     """The settings that change a page's pixels (so its page hash) are part of the cache configuration,
-    and so are those that choose its hint and the detail it is sent at."""
-    return f"dpi={o.dpi};max_side={o.max_side};jpeg={o.jpeg_quality};{hints_key(o)}"
+    and so are those that choose its hint and the detail it is sent at, and the safety gate's settings
+    that a stored row cannot be re-checked against (transforms/cache.py states the rule)."""
+    return f"dpi={o.dpi};max_side={o.max_side};jpeg={o.jpeg_quality};{hints_key(o)};{safety_key(o)}"
+
+
+def safety_key(o: PagemillOptions) -> str:
+    return safety_config(o).cache_key()
 
 
 def hints_key(o: PagemillOptions) -> str:
@@ -116,7 +121,8 @@ def build_pipeline(p: beam.Pipeline, o: PagemillOptions, run: Mapping[str, Any],
     cfg = extract_config(o) if o.extract else None  # built once: it loads the schema and the prices
     if cfg is not None and earlier_files:
         earlier = p | "EarlierPages" >> ReadEarlierPages(list(earlier_files), o.tenant, cfg.config_key)
-        split = dedup.kept | "DocumentCache" >> SkipCachedDocuments(earlier)
+        # Reused rows are re-checked against today's blocklists here, before anything is rendered.
+        split = dedup.kept | "DocumentCache" >> SkipCachedDocuments(earlier, safety_config(o))
         to_render, cached = split.render, split[CACHED]
     rendered = (
         to_render

@@ -16,6 +16,7 @@ REASON_CODES = {
     "too_large": "object is larger than --max-bytes (decided from the listing, bytes never read)",
     "empty": "object has zero bytes",
     "not_found": "a URI given by name (or in an @FILE list) does not exist",
+    "outside_input": "a symlink in a listed folder leads outside it: not followed, never read",
     "unsupported_format": "magic bytes are not a supported PDF or image format",
     "unreadable": "the object could not be read, or the parser rejected it as corrupt",
     "encrypted": "PDF is password protected",
@@ -39,6 +40,7 @@ REASON_CODES = {
 # `pages.flag_detail` says why each was raised.
 FLAGS = {
     "invisible_text": "the text layer holds text the rendered page does not show (white-on-white, tiny fonts)",
+    "hidden_text_truncated": "the hidden-text check stopped at its per-page bound: the text layer is not a hint",
     "prompt_injection": "the page's text hint (or its invisible text) reads like instructions to a model",
     "ocr_timeout": "Tesseract ran past --ocr-timeout-s on this page",
     "ocr_failed": "Tesseract failed or is not installed (with the --ocr-lang language)",

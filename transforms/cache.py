@@ -2,9 +2,22 @@
 
 Two levels, both before any model call:
 - documents: a kept document whose every page already has a reusable row under the same cache
-  configuration (model + revision, prompt, schema, decoding, tenant, render settings) is never
+  configuration (model + revision, prompt, schema, decoding, tenant, render and gate settings) is never
   rendered; its pages are written as `cached` copies of those rows.
 - pages: a rendered page whose cache key already has a reusable row is not extracted again.
+
+Safety before reuse (the rule): the cache never vouches for a page that today's gate would stop.
+- Blocklists are re-checked, never keyed: before a document's earlier rows are reused, each page's
+  stored `page_hash` (sha256 entries) and `pdq_hash` (PDQ entries, `--pdq-threshold`) are matched
+  against today's lists, without rendering. A hit becomes a `quarantined` page (`blocked_hash`, no
+  extraction), so the document is `quarantined` or `partial`, never `cached`. A page whose row lacks
+  the hash a list needs (older rows) is not trusted: its document is rendered and gated again (the
+  page-level cache after the gate still spares the model). Lists change daily; re-checking by hash
+  keeps the cache without trusting it.
+- The classifier, its threshold and the extra `--safety-check`s cannot be re-checked from a row, so
+  they are part of the cache configuration (`SafetyConfig.cache_key`, transforms/safety.py): changing any of
+  them makes every page go through the gate (and the model) again.
+- The page-level cache runs after the gate, so a page it reuses has passed today's gate.
 The lookups are Beam joins (CoGroupByKey), so they scale with the runner, not with driver memory.
 Resuming a run: documents that already have a `documents` row in this run are not processed again.
 """
@@ -17,12 +30,14 @@ import apache_beam as beam
 from apache_beam.io.parquetio import ReadAllFromParquet
 
 from schemas.records import DocumentRecord, ListedObject, PageRow
+from transforms.safety import BlocklistCheck, LoadsChecks, SafetyConfig, quarantined_reuse
 
 CACHED = "cached"
 REUSABLE = ("ok", "cached", "duplicate")  # statuses whose extraction is a valid answer
 CACHE_COLUMNS = ["tenant", "doc_sha256", "page_index", "page_hash", "cache_key", "config_key", "status",
                  "schema_id", "schema_hash", "model", "model_revision", "extraction", "validation_errors",
-                 "flags", "hint_source", "width", "height", "created_at"]
+                 "flags", "hint_source", "width", "height", "created_at",
+                 "pdq_hash"]  # issue 16: reused pages are re-checked against today's PDQ lists
 
 
 def reusable(row: Mapping[str, Any], tenant: str, config: str) -> bool:
@@ -39,19 +54,45 @@ def cached_row(earlier: Mapping[str, Any], doc_sha256: str, source_uri: str, pag
                    extraction=earlier.get("extraction"),
                    validation_errors=tuple(earlier.get("validation_errors") or ()),
                    flags=tuple(earlier.get("flags") or ()), hint_source=earlier.get("hint_source") or "none",
+                   pdq_hash=earlier.get("pdq_hash"),  # kept, so that the next run can re-check this copy
                    route="cache", message="extraction reused from an earlier run")
 
 
-def document_from_cache(doc: DocumentRecord, earlier: Iterable[Mapping[str, Any]]) -> list[PageRow] | None:
-    """Cached rows for every page of the document, or None if any page is missing. Pure."""
-    latest: dict[int, Mapping[str, Any]] = {}
+def _preferred(row: Mapping[str, Any]) -> tuple[bool, Any]:
+    # A row that carries its PDQ hash can be re-checked; among those, the latest.
+    return row.get("pdq_hash") is not None, row["created_at"]
+
+
+def unverifiable(row: Mapping[str, Any], lists: BlocklistCheck) -> bool:
+    """True when today's lists need a hash that the earlier row does not hold (fail closed)."""
+    return bool((lists.lists.sha256 and not row.get("page_hash"))
+                or (len(lists.lists.pdq_sources) and not row.get("pdq_hash")))
+
+
+def document_from_cache(doc: DocumentRecord, earlier: Iterable[Mapping[str, Any]],
+                        lists: BlocklistCheck | None = None) -> list[PageRow] | None:
+    """A row for every page of the document from earlier runs' rows, or None if the document must be
+    rendered (a page is missing, or cannot be re-checked against `lists`). Each page is re-checked
+    against today's `lists` by its stored hashes: a match is a `quarantined` row, else a `cached` copy.
+    Pure."""
+    chosen: dict[int, Mapping[str, Any]] = {}
     for row in earlier:
         index = row["page_index"]
-        if index not in latest or row["created_at"] > latest[index]["created_at"]:
-            latest[index] = row
-    if any(i not in latest for i in range(doc.page_count)):
+        if index not in chosen or _preferred(row) > _preferred(chosen[index]):
+            chosen[index] = row
+    if any(i not in chosen for i in range(doc.page_count)):
         return None
-    return [cached_row(latest[i], doc.doc_sha256, doc.uri, i) for i in range(doc.page_count)]
+    out = []
+    for i in range(doc.page_count):
+        row = chosen[i]
+        verdict = None
+        if lists is not None:
+            if unverifiable(row, lists):
+                return None
+            verdict = lists.check_hashes(row.get("page_hash") or "", [("page", row.get("pdq_hash"))])
+        out.append(cached_row(row, doc.doc_sha256, doc.uri, i) if verdict is None
+                   else quarantined_reuse(row, doc.doc_sha256, doc.uri, i, verdict))
+    return out
 
 
 class ReadEarlierPages(beam.PTransform):
@@ -74,12 +115,14 @@ class ReadEarlierPages(beam.PTransform):
         )
 
 
-class _SplitCachedDocuments(beam.DoFn):
+class _SplitCachedDocuments(LoadsChecks):
+    """Reused rows, re-checked against today's lists (loaded once per worker process)."""
+
     def process(self, keyed: tuple[str, Mapping[str, list[Any]]]) -> Iterator[Any]:
         grouped = keyed[1]
         earlier = grouped["earlier"]
         for doc in grouped["docs"]:
-            rows = document_from_cache(doc, earlier) if earlier else None
+            rows = document_from_cache(doc, earlier, self.checks.blocklist) if earlier else None
             if rows is None:
                 yield doc
             else:
@@ -88,11 +131,13 @@ class _SplitCachedDocuments(beam.DoFn):
 
 
 class SkipCachedDocuments(beam.PTransform):
-    """Kept DocumentRecords -> those to render (main), and `cached` PageRows (tag `cached`)."""
+    """Kept DocumentRecords -> those to render (main), and reused PageRows (tag `cached`): `cached`
+    copies, or `quarantined` rows of pages that today's blocklists (`safety`) name."""
 
-    def __init__(self, earlier: beam.PCollection) -> None:
+    def __init__(self, earlier: beam.PCollection, safety: SafetyConfig) -> None:
         super().__init__()
         self.earlier = earlier
+        self.safety = safety.lists_only()
 
     def expand(self, docs: beam.PCollection) -> beam.pvalue.DoOutputsTuple:
         earlier = self.earlier | "EarlierBySha" >> beam.Map(lambda r: (r["doc_sha256"], r))
@@ -100,7 +145,7 @@ class SkipCachedDocuments(beam.PTransform):
         return (
             {"docs": keyed, "earlier": earlier}
             | "JoinEarlier" >> beam.CoGroupByKey()
-            | "Split" >> beam.ParDo(_SplitCachedDocuments()).with_outputs(CACHED, main="render")
+            | "Split" >> beam.ParDo(_SplitCachedDocuments(self.safety)).with_outputs(CACHED, main="render")
         )
 
 

@@ -74,11 +74,25 @@ def open_pdf(data: bytes) -> Iterator[pdfium.PdfDocument]:
 def open_image(data: bytes, max_pixels: int) -> Image.Image:
     """Open an image lazily (header only) and refuse it if it declares too many pixels."""
     img = Image.open(io.BytesIO(data))
+    check_frame(img, max_pixels)
+    return img
+
+
+def check_frame(img: Image.Image, max_pixels: int) -> None:
+    """Refuse the current frame if its header declares too many pixels. Call after every `seek`:
+    each frame of a TIFF has its own size, and seeking reads the header only, never the pixels."""
     width, height = img.size
     if width * height > max_pixels:
+        frame = getattr(img, "tell", lambda: 0)()
+        where = f"frame {frame + 1} declares" if frame else "image declares"
         raise Image.DecompressionBombError(
-            f"image declares {width}x{height} = {width * height:,} pixels, over the limit of {max_pixels:,}")
-    return img
+            f"{where} {width}x{height} = {width * height:,} pixels, over the limit of {max_pixels:,}")
+
+
+def seek_frame(img: Image.Image, index: int, max_pixels: int) -> None:
+    """Move to frame `index` and check its declared size before anything decodes it."""
+    img.seek(index)
+    check_frame(img, max_pixels)
 
 
 def image_page_count(img: Image.Image, fmt: str) -> int:

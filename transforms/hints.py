@@ -9,6 +9,7 @@ Per page (`--hints`):
 
 The text layer's invisible runs (white-on-white, zero-size fonts: see transforms/textlayer.py) are
 never part of the hint: the model cannot see them in the image either. They raise `invisible_text`.
+A page whose hidden-text check stopped at its bound (`hidden_text_truncated`) gets no text-layer hint.
 
 Every hint, and the invisible text, is scanned (transforms/injection.py). A match raises
 `prompt_injection`; `--injection-policy drop` (default) leaves the hint out of the prompt entirely,
@@ -78,6 +79,8 @@ def _source_text(page: PageImage, s: HintSettings, ocr: Ocr, notes: list[str],
                  flags: list[str]) -> tuple[str, str, float, OcrResult | None]:
     """(text, source, coverage, OCR result) before scanning."""
     visible = textlayer.remove_runs(page.text_layer, page.invisible_text)
+    if textlayer.TRUNCATED_FLAG in page.flags:
+        visible = ""  # its hidden text was not all read, so it may still hide some: never a hint
     has_layer = bool(visible.strip())
     if s.mode == "none":
         return "", "none", 0.0, None
@@ -105,6 +108,9 @@ def choose_hint(page: PageImage, s: HintSettings, ocr: Ocr = run_tesseract) -> H
         flags.append("invisible_text")
         notes.append(_note("invisible_text", " | ".join(page.invisible_text)))
     text, source, cover, result = _source_text(page, s, ocr, notes, flags)
+    # Normalised once, before scanning and cleaning, so both see the same characters (NFKC, no
+    # zero-width or other format characters): a look-alike cannot pass one and not the other.
+    text = injection.normalise(text)
     hits = injection.scan(text) if text else ()
     hidden_hits = tuple(m for run in page.invisible_text for m in injection.scan(run))
     if hits or hidden_hits:

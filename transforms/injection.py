@@ -4,7 +4,9 @@ model output. Pure functions: regular expressions over normalised text, no model
 What it looks for, by category:
 - `override`: "ignore (all) previous instructions" and the like, in English, German, French,
   Spanish, Italian, Portuguese, Dutch, Polish, Russian, Chinese, Japanese and Korean;
-- `role`: chat-template and role markers (`<|im_start|>`, `[INST]`, `<<SYS>>`, `### System:`);
+- `role`: chat-template, vision and role markers (`<|im_start|>`, `<|vision_end|>`, `[INST]`, `<<SYS>>`,
+  `### System:`);
+- `fence`: text shaped like the prompt's hint fence (`PAGE_TEXT>>>`, `page text >>>`), in any case or spacing;
 - `addressed`: text addressed to a model ("you are now an AI", "if you are an AI", "dear LLM",
   "from now on you ...");
 - `system_prompt`: requests for, or talk of, the system prompt (several languages);
@@ -24,6 +26,12 @@ import unicodedata
 from dataclasses import dataclass
 
 _F = re.IGNORECASE | re.UNICODE | re.MULTILINE
+# Shapes of control text, shared with the prompt builder (transforms/prompt.py), which removes them:
+# a chat or vision control token (`<|im_start|>`, `<|vision_end|>`, `<|video_pad|>` ...), and anything
+# that looks like the hint fence (`PAGE_TEXT>>>`, `page text >>>`, `<<<PAGE_TEXT-...`), matched after
+# normalisation, in any case and spacing.
+CONTROL_TOKEN = re.compile(r"<\|[^<>|\n]{0,64}\|>|</?(?:tool_call|tool_response|think)>|\[/?INST\]|<</?SYS>>")
+FENCE_MARKER = re.compile(r"<{2,}\s*page[\s_\-]*text[\w\-]*|page[\s_\-]*text[\w\-]*\s*>{2,}", _F)
 _ART = r"(?:(?:all|any|the|your|my|of|these|those)\s+)*"
 _PRIOR = r"(?:previous|prior|above|preceding|earlier|former|original|initial|system|old)"
 _ORDERS = r"(?:instructions?|prompts?|rules|directions|directives|guidelines|context|messages?|commands?|orders)"
@@ -60,6 +68,8 @@ PATTERNS: tuple[tuple[str, str, re.Pattern[str]], ...] = tuple((c, lang, re.comp
     ("override", "ko", r"(?:이전|위의|앞의)\s*(?:모든\s*)?(?:지시|명령|지침)(?:을|를|사항을)?\s*(?:무시|잊)"),
     ("role", "any", r"<\|\s*(?:im_start|im_end|system|assistant|user|endoftext|eot_id|start_header_id|"
                     r"end_header_id|begin_of_text)\s*\|>"),
+    ("role", "any", r"<\|\s*(?:vision|image|video|box|quad|object_ref|fim)_[a-z_]{1,20}\s*\|>"),
+    ("fence", "any", FENCE_MARKER.pattern),
     ("role", "any", r"\[/?INST\]|<</?SYS>>|</?s>\s*\[INST\]"),
     ("role", "any", r"^\s*#{2,}\s*(?:system|instruction|instructions|assistant)\s*:?\s*$"),
     ("role", "en", r"^\s*(?:system|assistant)\s*:\s*(?:you|ignore|from\s+now|new\s+instructions)"),

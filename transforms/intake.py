@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -19,11 +21,20 @@ from apache_beam.metrics import Metrics
 from PIL import Image, UnidentifiedImageError
 
 from schemas.records import DocumentRecord, DocumentRow, ListedObject
-from transforms.formats import IMAGE_FORMATS, PdfPasswordError, image_page_count, open_image, open_pdf, sniff_format
+from transforms.formats import (
+    IMAGE_FORMATS,
+    PdfPasswordError,
+    image_page_count,
+    open_image,
+    open_pdf,
+    seek_frame,
+    sniff_format,
+)
 
 log = logging.getLogger(__name__)
 REJECTED = "rejected"
 MISSING = -1  # ListedObject.size of a URI that was listed by name but does not exist
+OUTSIDE = -2  # ListedObject.size of a local path that a wildcard reached through a symlink leading out
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,8 @@ def size_gate(obj: ListedObject, limits: IntakeLimits) -> DocumentRow | None:
     """Decided from the listing alone, so an oversized object is never downloaded."""
     if obj.size == MISSING:
         return reject(obj, "not_found", "the object was listed by name but does not exist")
+    if obj.size == OUTSIDE:
+        return reject(obj, "outside_input", "a symlink in the listed folder leads outside it: not followed")
     if obj.size > limits.max_bytes:
         return reject(obj, "too_large", f"{obj.size:,} bytes is over the limit of {limits.max_bytes:,}")
     if obj.size == 0:
@@ -90,6 +103,10 @@ def _count_pages(data: bytes, fmt: str, limits: IntakeLimits) -> int:
         raise ValueError(f"no reader for {fmt}")
     with open_image(data, limits.max_image_pixels) as img:
         count = image_page_count(img, fmt)
+        if count > limits.max_pages:
+            return count  # rejected as too_many_pages without walking the frames
+        for index in range(1, count):  # headers only: each frame has its own declared size
+            seek_frame(img, index, limits.max_image_pixels)
         img.seek(0)
         img.load()  # decodes frame 0 now, so a truncated image is rejected here, not mid-run
         return count
@@ -139,15 +156,38 @@ def expand_input(pattern: str) -> list[str]:
 
 
 def _is_dir(path: str) -> bool:
-    if "://" in path:
-        return False
-    import os
-
-    return os.path.isdir(path)
+    return "://" not in path and os.path.isdir(path)
 
 
 def to_listed(meta: fileio.FileMetadata) -> ListedObject:
     return ListedObject(uri=meta.path, size=int(meta.size_in_bytes), last_modified=meta.last_updated_in_seconds)
+
+
+def glob_root(pattern: str) -> str | None:
+    """The local folder a wildcard pattern lists (before its first wildcard); None for a path named on
+    its own (the caller chose that file, link or not) and for object storage (no symlinks there)."""
+    if "://" in pattern or not any(c in pattern for c in "*?["):
+        return None
+    head = re.split(r"[*?\[]", pattern, maxsplit=1)[0]
+    return os.path.dirname(head) or "."
+
+
+def inside(path: str, root: str) -> bool:
+    """True when `path`, with every symlink resolved, lies under `root` (resolved too)."""
+    real_root, real = os.path.realpath(root), os.path.realpath(path)
+    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
+
+
+def match_pattern(pattern: str) -> Iterator[ListedObject]:
+    """The objects a pattern lists. A local file that a wildcard reached through a symlink leading out
+    of the listed folder is listed with size OUTSIDE (rejected at intake as `outside_input`, never
+    read); a symlink to a file inside the folder is followed."""
+    root = glob_root(pattern)
+    for meta in FileSystems.match([pattern])[0].metadata_list:
+        obj = to_listed(meta)
+        if root is not None and not inside(meta.path, root):
+            obj = ListedObject(uri=obj.uri, size=OUTSIDE, last_modified=obj.last_modified)
+        yield obj
 
 
 class ListObjects(beam.PTransform):
@@ -164,11 +204,11 @@ class ListObjects(beam.PTransform):
         listed = (
             pbegin
             | "Patterns" >> beam.Create(sorted(set(globs)))
-            | "Match" >> fileio.MatchAll(fileio.EmptyMatchTreatment.ALLOW)
-            | "Listed" >> beam.Map(to_listed)
+            | "Match" >> beam.FlatMap(match_pattern)  # an empty match lists nothing (literals: below)
+            | "Spread" >> beam.Reshuffle()
             | "InWindow" >> beam.Filter(in_window, self.since, self.until)
         )
-        # fileio drops a literal URI that does not exist; a listed object must never vanish silently.
+        # A match lists nothing for a literal URI that does not exist; a listed object must never vanish silently.
         literals = [g for g in globs if not any(c in g for c in "*?[")]
         missing = (
             pbegin
@@ -179,6 +219,7 @@ class ListObjects(beam.PTransform):
             (listed, missing)
             | "All" >> beam.Flatten()
             | "ByUri" >> beam.Map(lambda o: (o.uri, o))
+            # A path both named on its own and reached by a wildcard keeps its real size (named wins).
             | "OncePerUri" >> beam.CombinePerKey(lambda objs: max(objs, key=lambda o: o.size))
             | "Values" >> beam.Values()
         )

@@ -18,9 +18,9 @@ from apache_beam.metrics import Metrics
 from PIL import Image, ImageOps
 
 from schemas.records import DocumentRecord, PageImage, PageRow
-from transforms.formats import PDFIUM_LOCK, PdfPasswordError, load_pdf, open_image
+from transforms.formats import PDFIUM_LOCK, PdfPasswordError, load_pdf, open_image, seek_frame
 from transforms.intake import read_capped
-from transforms.textlayer import TextEvidence, pdf_text_evidence
+from transforms.textlayer import TRUNCATED_FLAG, TextEvidence, pdf_text_evidence
 
 FAILED_PAGES = "failed_pages"
 MAX_ASPECT = 100  # well inside the 200:1 that Qwen2-VL's processor accepts, after its own rounding
@@ -92,7 +92,8 @@ def _finish(doc: DocumentRecord, index: int, img: Image.Image, text: str, s: Ren
     return PageImage(doc_sha256=doc.doc_sha256, source_uri=doc.uri, page_index=index, page_hash=page_hash(img),
                      image=encode_page(img, s.jpeg_quality), width=img.width, height=img.height,
                      text_layer=text[: s.max_text_chars], text_coverage=evidence.coverage,
-                     invisible_text=tuple(t[:500] for t in evidence.invisible[:50]))
+                     invisible_text=tuple(t[:500] for t in evidence.invisible[:50]),
+                     flags=(TRUNCATED_FLAG,) if evidence.truncated else ())
 
 
 def render_pdf_page(pdf: pdfium.PdfDocument, index: int,
@@ -140,9 +141,11 @@ def render_image(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterato
     with open_image(data, s.max_image_pixels) as img:
         for index in range(doc.page_count):
             try:
-                img.seek(index)
+                seek_frame(img, index, s.max_image_pixels)  # before the frame is decoded
                 frame = ImageOps.exif_transpose(img) if index == 0 else img.copy()
                 yield _finish(doc, index, normalise(frame, s.max_side), "", s)
+            except Image.DecompressionBombError as err:
+                yield failed_page(doc, index, "decompression_bomb", str(err))
             except Exception as err:  # noqa: BLE001
                 yield failed_page(doc, index, "render_failed", f"{type(err).__name__}: {err}")
 

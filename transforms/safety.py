@@ -59,6 +59,19 @@ class SafetyConfig:
     checks: tuple[str, ...] = ()
     low_detail_side: int = 0  # > 0: pages may be sent this small, so that rendition is checked too
 
+    def lists_only(self) -> SafetyConfig:
+        """What checks stored hashes (documents, reused pages): no classifier, no extra checks."""
+        return SafetyConfig(blocklists=self.blocklists, pdq_threshold=self.pdq_threshold)
+
+    def cache_key(self) -> str:
+        """The gate settings that a stored row cannot be re-checked against, so part of the cache
+        configuration: the classifier and its threshold, and the extra checks (as a set: the first
+        verdict wins, so their order never lets a page through). Blocklists and the PDQ threshold are
+        not: reused pages are re-checked against today's lists by their stored hashes."""
+        classifier = (self.nsfw_classifier or "none").strip()
+        threshold = "" if classifier == "none" else f"@{self.nsfw_threshold!r}"
+        return f"nsfw={classifier}{threshold};checks={','.join(sorted(set(self.checks)))}"
+
 
 def match_verdict(match: Match, where: str) -> Verdict:
     if match.kind == "sha256":
@@ -158,6 +171,19 @@ def quarantined_page(page: PageImage, verdict: Verdict) -> PageRow:
                    pdq_hash=page.pdq_hash, quarantine_detail=json.dumps(dict(verdict.detail), sort_keys=True))
 
 
+def quarantined_reuse(earlier: Mapping[str, Any], doc_sha256: str, source_uri: str, page_index: int,
+                      verdict: Verdict) -> PageRow:
+    """A page whose earlier result is not reused: today's lists name its stored hashes. Nothing was
+    rendered; the row keeps the hashes it was matched on."""
+    detail = {**verdict.detail, "checked": "stored hashes of an earlier run"}
+    return PageRow(doc_sha256=doc_sha256, source_uri=source_uri, page_index=page_index, status="quarantined",
+                   reason_code=verdict.reason_code,
+                   message=f"{verdict.message}; its earlier extraction is not reused"[:500],
+                   page_hash=earlier.get("page_hash"), width=earlier.get("width"), height=earlier.get("height"),
+                   route="quarantined", pdq_hash=earlier.get("pdq_hash"),
+                   quarantine_detail=json.dumps(detail, sort_keys=True))
+
+
 def quarantined_document(doc: DocumentRecord, verdict: Verdict) -> DocumentRow:
     return DocumentRow(source_uri=doc.uri, bytes=doc.size, outcome="quarantined", doc_sha256=doc.doc_sha256,
                        format=doc.format, page_count=doc.page_count, reason_code=verdict.reason_code,
@@ -165,7 +191,9 @@ def quarantined_document(doc: DocumentRecord, verdict: Verdict) -> DocumentRow:
                        quarantine_detail=json.dumps(dict(verdict.detail), sort_keys=True))
 
 
-class _LoadsChecks(beam.DoFn):
+class LoadsChecks(beam.DoFn):
+    """A DoFn that holds the checks of `cfg`, loaded once per worker process."""
+
     def __init__(self, cfg: SafetyConfig) -> None:
         self.cfg = cfg
         self._shared = shared.Shared()
@@ -175,12 +203,12 @@ class _LoadsChecks(beam.DoFn):
         self.checks: Checks = self._shared.acquire(lambda: load_checks(cfg), tag=repr(cfg))
 
 
-class DocumentGateDoFn(_LoadsChecks):
+class DocumentGateDoFn(LoadsChecks):
     """DocumentRecord -> DocumentRecord (main), or a quarantined DocumentRow (tag `quarantined`)."""
 
     def __init__(self, cfg: SafetyConfig) -> None:
         # Only the lists are needed here: no classifier is loaded for documents.
-        super().__init__(SafetyConfig(blocklists=cfg.blocklists, pdq_threshold=cfg.pdq_threshold))
+        super().__init__(cfg.lists_only())
         self.quarantined = Metrics.counter("pagemill", "documents_quarantined")
 
     def process(self, doc: DocumentRecord) -> Iterator[object]:
@@ -192,7 +220,7 @@ class DocumentGateDoFn(_LoadsChecks):
         yield beam.pvalue.TaggedOutput(QUARANTINED, quarantined_document(doc, match_verdict(found, "document")))
 
 
-class SafetyGateDoFn(_LoadsChecks):
+class SafetyGateDoFn(LoadsChecks):
     """PageImage -> PageImage with its PDQ hash (main), or a quarantined PageRow (tag `quarantined`)."""
 
     def __init__(self, cfg: SafetyConfig) -> None:

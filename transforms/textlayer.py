@@ -11,6 +11,13 @@ Both come from comparing the text layer's boxes with the rendered pixels:
 
 Pure functions on numpy arrays, plus `pdf_text_evidence`, which reads pdfium's text boxes (the
 caller holds the pdfium lock).
+
+Bounded work: pdfium's `get_text_bounded` scans the whole page on every call, and the caller holds
+the process-wide pdfium lock, so a page of thousands of tiny invisible runs would starve every other
+thread. At most MAX_TEXT_RECTS boxes are looked at and the text of at most MAX_HIDDEN_BOXES invisible
+boxes is read; past either bound the evidence is `truncated` (the page gets the flag
+`hidden_text_truncated`) and its coverage is 0: a text layer that could not be checked is not trusted
+as a hint (hints then come from OCR, or there is none).
 """
 from __future__ import annotations
 
@@ -28,6 +35,9 @@ MIN_VISIBLE_RANGE = 24  # a box whose darkest and lightest pixels differ by less
 MIN_BOX_PX = 2  # a box less high than this (px) is a zero-size or microscopic font
 MIN_INVISIBLE_ALNUM = 4  # fewer letters and digits than this is noise (a space, a dash), not text
 BOX_PAD = 2  # px around a text box that still count as that box's ink (anti-aliasing)
+MAX_TEXT_RECTS = 20_000  # text boxes looked at per page (each a cheap pixel test)
+MAX_HIDDEN_BOXES = 200  # invisible boxes whose text is read per page (each a scan of the whole page)
+TRUNCATED_FLAG = "hidden_text_truncated"
 Box = tuple[int, int, int, int]  # left, top, right, bottom in pixels (right/bottom exclusive)
 
 
@@ -35,6 +45,7 @@ Box = tuple[int, int, int, int]  # left, top, right, bottom in pixels (right/bot
 class TextEvidence:
     coverage: float
     invisible: tuple[str, ...]
+    truncated: bool = False  # the check stopped at a bound: the text layer is not trusted
 
 
 def gray_array(img: Image.Image) -> np.ndarray:
@@ -134,16 +145,24 @@ def pdf_text_evidence(page: object, textpage: object, img: Image.Image) -> TextE
     affine = _device_affine(page, img.width, img.height)
     boxes: list[Box] = []
     hidden: list[str] = []
-    for i in range(textpage.count_rects()):  # type: ignore[attr-defined]
+    count = textpage.count_rects()  # type: ignore[attr-defined]
+    truncated = count > MAX_TEXT_RECTS
+    for i in range(min(count, MAX_TEXT_RECTS)):
         left, bottom, right, top = textpage.get_rect(i)  # type: ignore[attr-defined]
         corners = np.array([[left, right, left, right], [bottom, bottom, top, top], [1, 1, 1, 1]])
         xs, ys = affine @ corners
         box = (int(np.floor(xs.min())), int(np.floor(ys.min())), int(np.ceil(xs.max())), int(np.ceil(ys.max())))
         if box_visible(gray, box):
             boxes.append(box)
-        else:
+        elif len(hidden) < MAX_HIDDEN_BOXES:
             hidden.append(textpage.get_text_bounded(left, bottom, right, top))  # type: ignore[attr-defined]
-    return TextEvidence(coverage=coverage(ink_mask(gray), boxes), invisible=invisible_runs(hidden))
+        else:
+            truncated = True
+            break
+    invisible = invisible_runs(hidden)
+    if truncated:
+        return TextEvidence(coverage=0.0, invisible=invisible, truncated=True)
+    return TextEvidence(coverage=coverage(ink_mask(gray), boxes), invisible=invisible)
 
 
 def remove_runs(text: str, runs: Iterable[str]) -> str:

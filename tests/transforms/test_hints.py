@@ -170,3 +170,16 @@ def test_ocr_hint_of_a_real_scan_matches_its_reference_text() -> None:
     got = set(re.findall(r"[a-z]+", c.hint.lower()))
     assert len(reference & got) / len(reference) > 0.9, sorted(reference - got)
     assert c.coverage > 0.8
+
+
+def test_page_whose_hidden_text_check_was_cut_short_gets_no_text_layer_hint(tmp_path: Path) -> None:
+    from tests.transforms.test_textlayer import hidden_runs_pdf
+
+    ocr = RecordingOcr(tmp_path / "ocr.log", fixed=OcrResult("ok", text="from ocr", mean_conf=95))
+    (page,) = render(hidden_runs_pdf(8200))
+    assert "hidden_text_truncated" in page.flags and "Total due" in page.text_layer
+    for mode in ("text_layer", "auto"):
+        choice = choose_hint(page, HintSettings(mode=mode), ocr)
+        assert choice.source != "text_layer" and "Total due" not in choice.hint, (mode, choice)
+    assert choose_hint(page, HintSettings(mode="auto"), ocr).source == "ocr"  # the page itself is read instead
+    assert "hidden_text_truncated" in apply_hint(page, choose_hint(page, HintSettings(), ocr), HintSettings()).flags

@@ -276,3 +276,39 @@ def test_expand_empty_at_file(tmp_path: Path) -> None:
     listing = tmp_path / "empty.txt"
     listing.write_text("# nothing yet\n\n")
     assert expand_input(f"@{listing}") == []
+
+
+# Inputs stay inside what was listed (issue 16, item 7).
+
+def _tree(tmp_path: Path) -> Path:
+    """in/a.pdf; in/inner.pdf -> a.pdf (inside); in/link.pdf -> ../out/secret.pdf (outside)."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "in" / "a.pdf").write_bytes(docmaker.invoice_pdf())
+    (tmp_path / "out" / "secret.pdf").write_bytes(docmaker.multipage_pdf(1, title="Secret"))
+    (tmp_path / "in" / "inner.pdf").symlink_to("a.pdf")
+    (tmp_path / "in" / "link.pdf").symlink_to(tmp_path / "out" / "secret.pdf")
+    return tmp_path / "in"
+
+
+@pytest.mark.parametrize("glob", ["{d}/**", "{d}/*.pdf", "{d}/l*"])
+def test_symlink_out_of_a_listed_folder_is_not_followed(tmp_path: Path, glob: str) -> None:
+    from transforms.intake import OUTSIDE, match_pattern
+
+    folder = _tree(tmp_path)
+    listed = {Path(o.uri).name: o for o in match_pattern(glob.format(d=folder))}
+    assert listed["link.pdf"].size == OUTSIDE
+    row = size_gate(listed["link.pdf"], LIMITS)
+    assert row is not None and (row.outcome, row.reason_code, row.bytes) == ("rejected", "outside_input", 0)
+    assert row.reason_code in REASON_CODES and "outside" in (row.message or "")
+    if "a.pdf" in listed:  # a symlink inside the folder to a file inside it is followed
+        assert listed["inner.pdf"].size == listed["a.pdf"].size > 0
+        assert size_gate(listed["inner.pdf"], LIMITS) is None
+
+
+def test_a_file_named_on_its_own_is_followed(tmp_path: Path) -> None:
+    from transforms.intake import match_pattern
+
+    folder = _tree(tmp_path)
+    (listed,) = match_pattern(str(folder / "link.pdf"))  # named explicitly: the caller chose it
+    assert listed.size == len((tmp_path / "out" / "secret.pdf").read_bytes())

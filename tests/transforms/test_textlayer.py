@@ -95,3 +95,64 @@ def test_invisible_runs_ignore_punctuation_noise() -> None:
     assert invisible_runs([" ", "-", "― "]) == ()
     assert invisible_runs(["ab", "cd"]) == ("ab", "cd")
     assert invisible_runs(["Hidden text"]) == ("Hidden text",)
+
+
+def hidden_runs_pdf(n: int) -> bytes:
+    """One page: `n` separate runs of microscopic (0.5 pt, invisible when rendered) text on a grid, and one
+    visible line. Each run is its own text box, so an unbounded check reads the page's text `n` times."""
+    ops = [docmaker._text(56, 30, "Total due: 120.00 GBP"), b"BT /F1 0.5 Tf\n"]
+    for i in range(n):
+        ops.append(b"1 0 0 1 %g %g Tm (ab) Tj\n" % (20 + (i % 100) * 5.5, 820 - (i // 100) * 9))
+    ops.append(b"ET\n")
+    return docmaker._build_pdf([b"".join(ops)])
+
+
+class CountingTextPage:
+    """The real pdfium text page, counting the calls that scan the whole page."""
+
+    def __init__(self, textpage: object) -> None:
+        self.textpage, self.bounded_calls = textpage, 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.textpage, name)
+
+    def get_text_bounded(self, *args: object) -> str:
+        self.bounded_calls += 1
+        return self.textpage.get_text_bounded(*args)  # type: ignore[attr-defined]
+
+
+def test_hidden_text_check_is_bounded_per_page() -> None:
+    import pypdfium2 as pdfium
+
+    from transforms.textlayer import MAX_HIDDEN_BOXES, pdf_text_evidence
+
+    pdf = pdfium.PdfDocument(hidden_runs_pdf(8200))
+    page = pdf[0]
+    textpage = page.get_textpage()
+    assert textpage.count_rects() > 8000  # the runs really are separate boxes
+    img = page.render(scale=100 / 72).to_pil()
+    counting = CountingTextPage(textpage)
+    evidence = pdf_text_evidence(page, counting, img)
+    assert counting.bounded_calls <= MAX_HIDDEN_BOXES < 8000
+    assert evidence.truncated
+    # What could not be read is not trusted: the text layer explains nothing (auto hints go to OCR).
+    assert evidence.coverage == 0.0
+    textpage.close()
+    page.close()
+    pdf.close()
+
+
+def test_truncated_check_is_a_flag_on_the_page() -> None:
+    data = hidden_runs_pdf(8200)
+    doc = DocumentRecord(uri="/in/runs.pdf", size=len(data), doc_sha256=hashlib.sha256(data).hexdigest(),
+                         format="pdf", page_count=1)
+    (page,) = list(render_document(doc, data, SETTINGS))
+    assert isinstance(page, PageImage)
+    assert "hidden_text_truncated" in page.flags
+    # A page under the bound is not flagged.
+    small = hidden_runs_pdf(20)
+    (clean,) = list(render_document(DocumentRecord(uri="/in/s.pdf", size=len(small),
+                                                   doc_sha256=hashlib.sha256(small).hexdigest(), format="pdf",
+                                                   page_count=1), small, SETTINGS))
+    assert isinstance(clean, PageImage) and "hidden_text_truncated" not in clean.flags
+    assert len(clean.invisible_text) >= 1
