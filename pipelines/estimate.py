@@ -93,8 +93,8 @@ class PromptTokens:
         return counts
 
     def _prompt(self, hint: str) -> str:
-        return self.tokenizer.apply_chat_template(chat_messages(self.schema, hint), tokenize=False,
-                                                  add_generation_prompt=True)
+        messages = chat_messages(self.schema, hint, tokenizer=self.tokenizer)
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def _encode(self, texts: list[str]) -> list[int]:
         """Tokens of each prompt text, minus its one image placeholder (which becomes the image tokens)."""

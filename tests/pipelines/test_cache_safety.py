@@ -46,7 +46,7 @@ def run_once(root: Path, model: Path, run_id: str, extra: list[str]) -> list[dic
         "--kv-cache-gib", "0.25", "--max-side", "800", "--progress-every-s", "0", "--hints", "text_layer",
         "--nsfw-classifier", "nudenet", *extra])
     o = options.view_as(PagemillOptions)
-    earlier = page_files(str(output))  # as `pagemill run` lists the result cache
+    earlier = page_files(str(output), o.tenant)  # as `pagemill run` lists the result cache
     with beam.Pipeline(options=options) as p:
         build_pipeline(p, o, {"run_id": run_id, "tenant": o.tenant, "created_at": dt.datetime.now(dt.UTC)},
                        earlier_files=earlier, engine_factory=functools.partial(ProbeEngine, log=str(log)))
