@@ -177,7 +177,7 @@ def _discard(path: str) -> None:
         log.warning("could not remove the partial file %s", path)
 
 
-def write_failure(err: BaseException) -> str:
+def run_failure(err: BaseException) -> str:
     """One line for a run that failed: what went wrong at its root, in words. Pure. Runners wrap a
     DoFn's exception (in-process as its __cause__, across processes only as text), so both are read."""
     chain: list[BaseException] = []
