@@ -162,10 +162,12 @@ def write_rows(folder: str, schema: pa.Schema, rows: list[dict[str, Any]], name:
             handle.write(buf.getvalue().to_pybytes())
         if local:
             FileSystems.rename([target], [final])
-    except Exception:
+    except Exception as err:
         # A full disk or a failed upload leaves nothing behind: readers only list *.parquet, and a
         # half-written .inprogress file would still hold the space.
         _discard(target)
+        if isinstance(err, OSError) and err.errno and not err.filename:
+            raise OSError(err.errno, err.strerror, target) from err  # say which file, for the one-line error
         raise
     return final
 
