@@ -90,14 +90,14 @@ def _doc(i: int) -> dict:
 
 
 def _on_disk(folder: Path) -> list[str]:
-    """What a reader sees: the rows of every finished file (the same glob sql.py and run_files use)."""
-    return sorted(r["source_uri"] for f in folder.glob("*.parquet") for r in pq.read_table(f).to_pylist())
+    """What a reader sees: the rows of every finished file under a table's folder (readers list *.parquet)."""
+    return sorted(r["source_uri"] for f in folder.rglob("*.parquet") for r in pq.read_table(f).to_pylist())
 
 
 def test_writer_flushes_within_a_bundle_by_rows_and_by_age(tmp_path: Path) -> None:
     clock = _Clock()
     writer = WriteParquetBundles(str(tmp_path), "documents", "r", FlushPolicy(rows=3, seconds=5.0), clock)
-    folder = tmp_path / "documents" / "run_id=r"
+    folder = tmp_path / "documents"
     writer.setup()
     writer.start_bundle()
     for i in range(2):
@@ -115,8 +115,8 @@ def test_writer_flushes_within_a_bundle_by_rows_and_by_age(tmp_path: Path) -> No
     list(writer.process(_doc(6)))
     writer.finish_bundle()  # the rest goes at the bundle's end
     assert _on_disk(folder) == sorted(_doc(i)["source_uri"] for i in range(7))
-    assert len(list(folder.glob("*.parquet"))) == 3
-    assert not list(folder.glob("*.inprogress"))
+    assert len(list(folder.rglob("*.parquet"))) == 3
+    assert not list(folder.rglob("*.inprogress"))
 
 
 def test_writer_with_flushing_off_writes_once_per_bundle(tmp_path: Path) -> None:
@@ -129,8 +129,8 @@ def test_writer_with_flushing_off_writes_once_per_bundle(tmp_path: Path) -> None
         writer.finish_bundle()
     writer.start_bundle()
     writer.finish_bundle()  # an empty bundle writes no empty file
-    folder = tmp_path / "documents" / "run_id=r"
-    assert len(list(folder.glob("*.parquet"))) == 2 and len(_on_disk(folder)) == 100
+    folder = tmp_path / "documents"
+    assert len(list(folder.rglob("*.parquet"))) == 2 and len(_on_disk(folder)) == 100
 
 
 class _ProbeDisk(beam.DoFn):
@@ -149,7 +149,7 @@ class _ProbeDisk(beam.DoFn):
 def test_rows_behind_a_flatten_reach_disk_while_their_stage_still_runs(tmp_path: Path) -> None:
     """The in-memory DirectRunner materialises a multi-input Flatten: a writer placed after it would
     see nothing until every input finished. WriteTable writes each branch inside its producer's stage."""
-    folder, log = tmp_path / "documents" / "run_id=r", tmp_path / "probe.log"
+    folder, log = tmp_path / "documents", tmp_path / "probe.log"
     with beam.Pipeline() as p:
         slow = p | "Slow" >> beam.Create(list(range(6))) | beam.ParDo(_ProbeDisk(str(folder), str(log)))
         other = p | "Other" >> beam.Create([_doc(100)])
