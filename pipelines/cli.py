@@ -90,8 +90,15 @@ def run_command(argv: Sequence[str]) -> int:
     t0 = time.perf_counter()
     pipeline = beam.Pipeline(options=options)
     build_pipeline(pipeline, o, run, earlier_files, done_files, since, until)
-    result = pipeline.run()
-    result.wait_until_finish()
+    try:
+        result = pipeline.run()
+        result.wait_until_finish()
+    except Exception as err:  # noqa: BLE001 - one clear line; the runner has logged the traceback
+        from transforms.write import run_failure
+
+        print(f"pagemill: run {o.run_id} failed: {run_failure(err)}; the rows written so far are kept: "
+              f"fix the cause and run the same command with --run-id {o.run_id} to resume", file=sys.stderr)
+        return 1
     if resumed:
         compact_run(o.output, o.tenant, o.run_id)
     wall = time.perf_counter() - t0

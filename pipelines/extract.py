@@ -18,7 +18,7 @@ from transforms.ocr import OcrSettings
 from transforms.outcome import DocumentOutcomes
 from transforms.pages import FAILED_PAGES, RenderPagesDoFn, RenderSettings
 from transforms.safety import QUARANTINED, DocumentGateDoFn, SafetyConfig, SafetyGateDoFn
-from transforms.write import ProgressDoFn, WriteTables
+from transforms.write import FlushPolicy, ProgressDoFn, WriteTables
 
 
 def intake_limits(o: PagemillOptions) -> IntakeLimits:
@@ -138,7 +138,7 @@ def build_pipeline(p: beam.Pipeline, o: PagemillOptions, run: Mapping[str, Any],
     pages = parts | "AllPages" >> beam.Flatten()
     kept = pages | "Outcomes" >> DocumentOutcomes(dedup.kept)
     documents = (intake[REJECTED], gated[QUARANTINED], dedup[DUPLICATES], kept) | "AllDocuments" >> beam.Flatten()
-    _ = documents | "Write" >> WriteTables(o.output, run, pages)
+    _ = documents | "Write" >> WriteTables(o.output, run, pages, FlushPolicy(o.flush_rows, o.flush_seconds))
     listed_count = listed | "CountListed" >> beam.combiners.Count.Globally()
     pages_total = (dedup.kept | "PageCounts" >> beam.Map(lambda d: d.page_count)
                    | "SumPages" >> beam.CombineGlobally(sum))

@@ -1,0 +1,164 @@
+"""Kill -9 and resume: `pagemill run` in its own process group, killed once finished rows are on disk,
+then run again with the same --run-id. Nothing lost, nothing duplicated, no page paid for twice.
+
+Rows are read from the raw Parquet files with pyarrow (never through the SQL views, which hide
+duplicates by keeping the latest row per key)."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.options import PagemillOptions
+from tests import docmaker
+from tests.conftest import vllm_available
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE_KEY = ("run_id", "doc_sha256", "page_index")
+
+
+def raw_rows(output: Path, table: str, run_id: str) -> list[dict]:
+    """Every row of every finished file of the run (any partitions above run_id=), duplicates included."""
+    rows: list[dict] = []
+    for path in sorted((output / table).rglob(f"run_id={run_id}/*.parquet")):
+        try:
+            rows += pq.read_table(path).to_pylist()
+        except FileNotFoundError:  # compacted away between the listing and the read
+            continue
+    return rows
+
+
+def pagemill(inputs: Path, output: Path, run_id: str, *flags: str) -> subprocess.Popen:
+    """`pagemill run` as a child in a new session, so the kill reaches every process it started."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    argv = [sys.executable, "-m", "pipelines.cli", "run", "--input", str(inputs), "--output", str(output),
+            "--run-id", run_id, "--progress-every-s", "0", *flags]
+    with open(output.parent / f"{output.name}-{run_id}-{time.monotonic_ns()}.log", "wb") as log:
+        return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def kill_when_durable(proc: subprocess.Popen, output: Path, run_id: str, rows: int, timeout_s: float) -> int:
+    """Wait until at least `rows` page rows are on disk, then kill -9 the whole process group.
+    Returns the page rows on disk after the kill. Fails if the run ended by itself first."""
+    deadline = time.monotonic() + timeout_s
+    while len(raw_rows(output, "pages", run_id)) < rows:
+        assert proc.poll() is None, f"the run ended (rc {proc.returncode}) before {rows} page rows were on disk"
+        assert time.monotonic() < deadline, f"fewer than {rows} page rows on disk after {timeout_s} s"
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    return len(raw_rows(output, "pages", run_id))
+
+
+def manifests(output: Path) -> list[Path]:
+    """Run manifests (the only JSON a run writes), wherever the layout puts them."""
+    return sorted(output.rglob("*.json"))
+
+
+def assert_one_row_per_key(output: Path, run_id: str, listed: int, pages: int) -> None:
+    documents = raw_rows(output, "documents", run_id)
+    assert len(documents) == listed
+    assert Counter(d["source_uri"] for d in documents).most_common(1)[0][1] == 1
+    for table in ("pages", "ledger"):
+        rows = raw_rows(output, table, run_id)
+        twice = [k for k, n in Counter(tuple(r[c] for c in PAGE_KEY) for r in rows).items() if n > 1]
+        assert twice == [], f"{table}: {len(twice)} keys with two rows"
+        assert len(rows) == pages, table
+
+
+def small_batches() -> list[str]:
+    """The batch-per-generate engine only returns rows when a batch is done: keep its batches small so
+    rows come out as the run goes. (The streaming engine has no such option and needs none.)"""
+    return ["--batch-tokens", "6000"] if "batch_tokens" in PagemillOptions([]).get_all_options() else []
+
+
+# With the model -------------------------------------------------------------------------------------
+
+N_PAGES = 24
+KILL_AT = 6
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")
+def test_killed_extraction_resumes_paying_only_for_the_rest(tmp_path: Path, test_model_dir: Path) -> None:
+    inputs, output = tmp_path / "in", tmp_path / "out"
+    inputs.mkdir()
+    (inputs / "report.pdf").write_bytes(docmaker.multipage_pdf(N_PAGES))
+    (inputs / "corrupt.pdf").write_bytes(docmaker.truncated_pdf())
+    flags = ["--schema", "invoice", "--model", str(test_model_dir), "--model-revision", "tiny", "--max-tokens", "256",
+             "--max-attempts", "1", "--kv-cache-gib", "0.25", "--max-side", "640", "--flush-rows", "4",
+             "--flush-seconds", "2", *small_batches()]
+
+    first = pagemill(inputs, output, "k1", *flags)
+    on_disk = kill_when_durable(first, output, "k1", KILL_AT, timeout_s=600)
+    # The premise: the run was killed midway, with some of its pages durable and no manifest.
+    assert KILL_AT <= on_disk < N_PAGES
+    assert manifests(output) == []
+    before = {(r["doc_sha256"], r["page_index"]): r for r in raw_rows(output, "pages", "k1")}
+    paid = {(r["doc_sha256"], r["page_index"]): r["cost_usd"] for r in raw_rows(output, "ledger", "k1")
+            if r["route"] == "model"}
+    assert paid and all(c > 0 for c in paid.values())
+
+    resumed_at = time.time()
+    second = pagemill(inputs, output, "k1", *flags)
+    assert second.wait(timeout=600) == 0
+    assert len(manifests(output)) == 1
+
+    assert_one_row_per_key(output, "k1", listed=2, pages=N_PAGES)
+    ledger = {(r["doc_sha256"], r["page_index"]): r for r in raw_rows(output, "ledger", "k1")}
+    by_resume = {k for k, r in ledger.items() if r["route"] == "model" and r["created_at"].timestamp() >= resumed_at}
+    print(f"\nkilled with {len(before)}/{N_PAGES} pages on disk; the resume sent {len(by_resume)} to the model")
+    # Model calls in the resumed run: exactly the pages that were not on disk.
+    assert by_resume.isdisjoint(before)
+    assert by_resume == set(ledger) - set(before)
+    # What was paid before the kill is kept once: not dropped, not doubled.
+    for key, cost in paid.items():
+        if key in before:
+            assert ledger[key]["route"] == "model" and ledger[key]["cost_usd"] == pytest.approx(cost)
+    pages = {(r["doc_sha256"], r["page_index"]): r for r in raw_rows(output, "pages", "k1")}
+    assert sorted(i for _, i in pages) == list(range(N_PAGES))
+    for key, row in before.items():  # the killed run's rows are the ones kept (they did the work)
+        assert (pages[key]["status"], pages[key]["extraction"]) == (row["status"], row["extraction"])
+
+
+# Render only (no model): kill -9 at seeded random points -------------------------------------------
+
+N_DOCS = 12
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [7, 11])
+def test_kill_at_a_random_point_then_resume_loses_and_duplicates_nothing(tmp_path: Path, seed: int) -> None:
+    """Real rendering and Tesseract (OCR'd hints make each page take a while); the kill comes once a
+    seeded random number of page rows is durable, 0 included (killed before anything was written)."""
+    inputs, output = tmp_path / "in", tmp_path / "out"
+    inputs.mkdir()
+    pages = 0
+    for i in range(N_DOCS):
+        n = 1 + i % 3
+        (inputs / f"doc-{i:02d}.pdf").write_bytes(docmaker.multipage_pdf(n, title=f"Report {i}"))
+        pages += n
+    (inputs / "corrupt.pdf").write_bytes(docmaker.truncated_pdf())
+    flags = ["--extract", "false", "--hints", "ocr", "--flush-rows", "2", "--flush-seconds", "1"]
+    point = random.Random(seed).randrange(0, pages // 2)
+
+    first = pagemill(inputs, output, "r1", *flags)
+    on_disk = kill_when_durable(first, output, "r1", point, timeout_s=300)
+    assert on_disk < pages and manifests(output) == []
+    print(f"\nseed {seed}: killed once {point} page rows were durable ({on_disk} after the kill) of {pages}")
+
+    assert pagemill(inputs, output, "r1", *flags).wait(timeout=300) == 0
+    assert_one_row_per_key(output, "r1", listed=N_DOCS + 1, pages=pages)
+    statuses = Counter(r["status"] for r in raw_rows(output, "pages", "r1"))
+    assert statuses == {"rendered": pages}
