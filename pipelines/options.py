@@ -98,7 +98,7 @@ class PagemillOptions(PipelineOptions):
         _flag(parser, "progress_every_s", type=float, default=5.0, help="seconds between progress lines")
         # Writing as the run goes: what a kill can lose, per writer, against how many files a run makes.
         _flag(parser, "flush_rows", type=int, default=500, help="write a Parquet file every this many rows (0: off)")
-        _flag(parser, "flush_seconds", type=float, default=30.0,
+        _flag(parser, "flush_seconds", type=float, default=10.0,
               help="write a Parquet file when its oldest buffered row is this old (0: off)")
 
 

@@ -109,7 +109,7 @@ class FlushPolicy:
     row is `seconds` old (0 turns either off), and always at the end of a bundle."""
 
     rows: int = 500
-    seconds: float = 30.0
+    seconds: float = 10.0
 
     def due(self, buffered: int, oldest_age_s: float) -> bool:
         """Pure. The age rule can only fire when a row arrives (no timers: Beam DoFns do their I/O on
