@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from apache_beam.metrics import Metrics
+
 from schemas.records import DocumentRecord, PageImage, PageRow
 from transforms.pages import RenderPagesDoFn, RenderSettings, failed_page, render_document
 
@@ -146,9 +148,15 @@ class TimedRenderPagesDoFn(RenderPagesDoFn):
 
     def setup(self) -> None:
         self.worker = RenderWorker(self.limits, self.render_fn)
+        self.workers_started = Metrics.counter("pagemill", "render_workers_started")
+        self.counted = 0
 
     def teardown(self) -> None:
         self.worker.stop()
+
+    def finish_bundle(self) -> None:
+        self.workers_started.inc(self.worker.started - self.counted)  # restarts after a kill show here
+        self.counted = self.worker.started
 
     def render(self, doc: DocumentRecord, data: bytes, started: float) -> Iterator[PageImage | PageRow]:
         return self.worker.pages(doc, data, self.settings, started)
