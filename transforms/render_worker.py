@@ -2,8 +2,9 @@
 
 pdfium cannot be interrupted inside a call (a page of a pathological PDF can take minutes), and a thread
 cannot be killed; only a process can. So each RenderPagesDoFn instance keeps one long-lived child process
-(started with `spawn`: the Beam worker that owns it has gRPC threads, which `fork` would copy half-way),
-sends it one document at a time, and receives the pages over a pipe as the child finishes them. When the
+(a fresh interpreter, not a fork: the Beam worker that owns it has gRPC threads, which `fork` would copy
+half-way; and not multiprocessing's `spawn`, which re-imports the launching script as `__main__`), sends it
+one document at a time, and receives the pages over a pipe as the child finishes them. When the
 document's deadline (`--document-timeout-s`) or a page's (`--page-timeout-s`) passes with no page ready,
 the child is killed and replaced for the next document; pages that arrived before keep their rows, and
 every page still missing gets a failed row with reason `timeout` (`worker_crashed` if the child died on
@@ -12,16 +13,17 @@ Beam runs on each page as it is yielded (fused stages, same thread) count agains
 interrupted mid-page (Tesseract has its own --ocr-timeout-s), but no further page is started after it.
 
 The parent reads the bytes (its FileSystems hold the storage options) and the child only renders: no
-credentials, no I/O, no Beam in the child.
+credentials (its environment is minimal), no I/O.
 """
 from __future__ import annotations
 
-import multiprocessing
+import os
+import subprocess
+import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
 
 from apache_beam.metrics import Metrics
 
@@ -42,16 +44,38 @@ class RenderLimits:
         return self.document_timeout_s > 0 or self.page_timeout_s > 0
 
 
-def serve(conn: Connection, render: RenderFn) -> None:
+CHILD_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR")
+CHILD_COMMAND = "from transforms.render_worker import child_main; child_main()"
+
+
+def child_env(environ: Mapping[str, str], path: list[str]) -> dict[str, str]:
+    """Pure: the child's environment: what Python needs, and this process's import path; no credentials
+    (the worker's environment holds Beam's PIPELINE_OPTIONS, storage keys among them)."""
+    env = {k: environ[k] for k in CHILD_ENV_KEYS if k in environ}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
+    return env
+
+
+def serve(requests: Connection, replies: Connection, render: RenderFn) -> None:
     """The child's loop: (doc, data, settings) in, each page out as it is finished, then DONE."""
     while True:
         try:
-            doc, data, settings = conn.recv()
+            doc, data, settings = requests.recv()
         except (EOFError, OSError):  # the parent is gone: so is this child's reason to live
             return
         for page in render(doc, data, settings):
-            conn.send(page)
-        conn.send(DONE)
+            replies.send(page)
+        replies.send(DONE)
+
+
+def child_main() -> None:
+    """Entry point of the child: requests on stdin, replies on the original stdout. fd 1 is pointed at
+    stderr, so that a library that prints cannot corrupt the reply stream."""
+    replies = Connection(os.dup(1), readable=False)
+    os.dup2(2, 1)
+    requests = Connection(os.dup(0), writable=False)
+    render = requests.recv()  # the render function, pickled by reference
+    serve(requests, replies, render)
 
 
 def _wait_s(now: float, doc_deadline: float, page_deadline: float) -> float | None:
@@ -73,32 +97,46 @@ class RenderWorker:
     def __init__(self, limits: RenderLimits, render: RenderFn = render_document) -> None:
         self.limits = limits
         self.render = render
-        self.proc: Any = None
-        self.conn: Connection | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.requests: Connection | None = None
+        self.replies: Connection | None = None
         self.started = 0  # child processes started (a restart after a kill counts)
 
-    def _start(self) -> Connection:
-        if self.proc is None or not self.proc.is_alive():
-            ctx = multiprocessing.get_context("spawn")
-            parent, child = ctx.Pipe()
-            self.proc = ctx.Process(target=serve, args=(child, self.render), daemon=True,
-                                    name="pagemill-render")
-            self.proc.start()
-            child.close()
-            self.conn = parent
+    def _start(self) -> tuple[Connection, Connection]:
+        if self.proc is None or self.proc.poll() is not None:
+            self.stop()
+            proc = subprocess.Popen([sys.executable, "-c", CHILD_COMMAND], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, env=child_env(os.environ, sys.path), close_fds=True)
+            assert proc.stdin is not None and proc.stdout is not None
+            self.requests = Connection(os.dup(proc.stdin.fileno()), readable=False)
+            self.replies = Connection(os.dup(proc.stdout.fileno()), writable=False)
+            proc.stdin.close()
+            proc.stdout.close()
+            self.proc = proc
             self.started += 1
-        assert self.conn is not None
-        return self.conn
+            self.requests.send(self.render)
+        assert self.requests is not None and self.replies is not None
+        return self.requests, self.replies
 
     def stop(self) -> None:
         """Kill the child (it may be deep inside pdfium: no polite way exists) and forget it."""
-        if self.conn is not None:
-            self.conn.close()
+        for conn in (self.requests, self.replies):
+            if conn is not None:
+                conn.close()
         if self.proc is not None:
-            if self.proc.is_alive():
+            if self.proc.poll() is None:
                 self.proc.kill()
-            self.proc.join(timeout=10)
-        self.proc = self.conn = None
+            self.proc.wait(timeout=30)
+        self.proc = self.requests = self.replies = None
+
+    def exit_code(self) -> int | None:
+        """The child's exit status once it has died (the pipe closes a moment before it is there)."""
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return None
 
     def pages(self, doc: DocumentRecord, data: bytes, settings: RenderSettings,
               started: float | None = None) -> Iterator[PageImage | PageRow]:
@@ -106,8 +144,14 @@ class RenderWorker:
         start = time.monotonic() if started is None else started
         limits = self.limits
         doc_deadline = start + limits.document_timeout_s if limits.document_timeout_s > 0 else float("inf")
-        conn = self._start()
-        conn.send((doc, data, settings))
+        requests, conn = self._start()
+        try:
+            requests.send((doc, data, settings))
+        except OSError:  # the child died between documents
+            code = self.exit_code()
+            self.stop()
+            yield from missing_pages(doc, set(), "worker_crashed", f"the render worker was gone (exit code {code})")
+            return
         seen: set[int] = set()
         while True:
             page_deadline = time.monotonic() + limits.page_timeout_s if limits.page_timeout_s > 0 else float("inf")
@@ -115,9 +159,7 @@ class RenderWorker:
                 ready = conn.poll(_wait_s(time.monotonic(), doc_deadline, page_deadline))
                 message = conn.recv() if ready else None
             except (EOFError, OSError):
-                if self.proc is not None:
-                    self.proc.join(timeout=5)  # the pipe closes a moment before the exit status is there
-                code = self.proc.exitcode if self.proc is not None else None
+                code = self.exit_code()
                 self.stop()
                 yield from missing_pages(doc, seen, "worker_crashed",
                                          f"the render worker died on this document (exit code {code})")

@@ -13,7 +13,7 @@ import pytest
 from schemas.records import DocumentRecord, PageImage, PageRow
 from tests import docmaker
 from transforms.pages import RenderSettings, render_document
-from transforms.render_worker import RenderLimits, RenderWorker, _wait_s, missing_pages
+from transforms.render_worker import RenderLimits, RenderWorker, _wait_s, child_env, missing_pages
 
 SETTINGS = RenderSettings(dpi=72, max_side=640, jpeg_quality=80, max_text_chars=2000, max_page_points=14400,
                           max_image_pixels=89_478_485, max_bytes=50 * 2**20)
@@ -42,6 +42,13 @@ def test_wait_is_the_nearer_deadline() -> None:
     assert _wait_s(10.0, 15.0, 12.0) == 2.0
     assert _wait_s(10.0, 9.0, float("inf")) == 0.0
     assert _wait_s(10.0, float("inf"), float("inf")) is None
+
+
+def test_child_env_has_the_import_path_and_no_credentials() -> None:
+    worker = {"PATH": "/usr/bin", "HOME": "/h", "PIPELINE_OPTIONS": '{"s3_secret_access_key": "s"}',
+              "AWS_SECRET_ACCESS_KEY": "s", "HF_TOKEN": "t"}
+    assert child_env(worker, ["", "/repo", "/venv/site"]) == {"PATH": "/usr/bin", "HOME": "/h",
+                                                               "PYTHONPATH": os.pathsep.join(["/repo", "/venv/site"])}
 
 
 def test_missing_pages_fills_the_gaps_only() -> None:
