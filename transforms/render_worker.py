@@ -8,9 +8,10 @@ one document at a time, and receives the pages over a pipe as the child finishes
 document's deadline (`--document-timeout-s`) or a page's (`--page-timeout-s`) passes with no page ready,
 the child is killed and replaced for the next document; pages that arrived before keep their rows, and
 every page still missing gets a failed row with reason `timeout` (`worker_crashed` if the child died on
-its own). The deadline is wall time from the start of the document, so the safety gate and hints that
-Beam runs on each page as it is yielded (fused stages, same thread) count against it too: they are not
-interrupted mid-page (Tesseract has its own --ocr-timeout-s), but no further page is started after it.
+its own). The document's clock runs while it is read and rendered; the time that later stages fused with
+this one (Beam runs them in the same thread as each page is yielded: safety gate, hints, and possibly the
+model) spend on its pages is not charged to it, so a long document is never cut short by GPU time. Those
+stages have limits of their own (Tesseract: --ocr-timeout-s).
 
 The parent reads the bytes (its FileSystems hold the storage options) and the child only renders: no
 credentials (its environment is minimal), no I/O.
@@ -31,7 +32,8 @@ from schemas.records import DocumentRecord, PageImage, PageRow
 from transforms.pages import RenderPagesDoFn, RenderSettings, failed_page, render_document
 
 RenderFn = Callable[[DocumentRecord, bytes, RenderSettings], Iterator[PageImage | PageRow]]
-DONE = "done"
+DONE, READY = "done", "ready"
+STARTUP_TIMEOUT_S = 120.0  # a child that cannot import its modules in this long is broken, not slow
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ def child_main() -> None:
     os.dup2(2, 1)
     requests = Connection(os.dup(0), writable=False)
     render = requests.recv()  # the render function, pickled by reference
+    replies.send(READY)
     serve(requests, replies, render)
 
 
@@ -101,22 +104,36 @@ class RenderWorker:
         self.requests: Connection | None = None
         self.replies: Connection | None = None
         self.started = 0  # child processes started (a restart after a kill counts)
+        self.booted = False
 
-    def _start(self) -> tuple[Connection, Connection]:
-        if self.proc is None or self.proc.poll() is not None:
-            self.stop()
-            proc = subprocess.Popen([sys.executable, "-c", CHILD_COMMAND], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, env=child_env(os.environ, sys.path), close_fds=True)
-            assert proc.stdin is not None and proc.stdout is not None
-            self.requests = Connection(os.dup(proc.stdin.fileno()), readable=False)
-            self.replies = Connection(os.dup(proc.stdout.fileno()), writable=False)
-            proc.stdin.close()
-            proc.stdout.close()
-            self.proc = proc
-            self.started += 1
-            self.requests.send(self.render)
+    def spawn(self) -> None:
+        """Start a child if none is alive, without waiting for it (it boots while the caller works on)."""
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        self.stop()
+        proc = subprocess.Popen([sys.executable, "-c", CHILD_COMMAND], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, env=child_env(os.environ, sys.path), close_fds=True)
+        assert proc.stdin is not None and proc.stdout is not None
+        self.requests = Connection(os.dup(proc.stdin.fileno()), readable=False)
+        self.replies = Connection(os.dup(proc.stdout.fileno()), writable=False)
+        proc.stdin.close()
+        proc.stdout.close()
+        self.proc, self.booted = proc, False
+        self.started += 1
+        self.requests.send(self.render)
+
+    def _boot(self) -> float:
+        """Spawn if needed and wait until the child is ready; the seconds waited (a child's start is not
+        its document's time). Raises EOFError/OSError if it cannot start."""
+        self.spawn()
         assert self.requests is not None and self.replies is not None
-        return self.requests, self.replies
+        if self.booted:
+            return 0.0
+        waited = time.monotonic()
+        if not self.replies.poll(STARTUP_TIMEOUT_S) or self.replies.recv() != READY:
+            raise EOFError(f"the render worker did not start within {STARTUP_TIMEOUT_S:g} s")
+        self.booted = True
+        return time.monotonic() - waited
 
     def stop(self) -> None:
         """Kill the child (it may be deep inside pdfium: no polite way exists) and forget it."""
@@ -144,15 +161,18 @@ class RenderWorker:
         start = time.monotonic() if started is None else started
         limits = self.limits
         doc_deadline = start + limits.document_timeout_s if limits.document_timeout_s > 0 else float("inf")
-        requests, conn = self._start()
         try:
-            requests.send((doc, data, settings))
-        except OSError:  # the child died between documents
+            doc_deadline += self._boot()
+            assert self.requests is not None and self.replies is not None
+            conn = self.replies
+            self.requests.send((doc, data, settings))
+        except (EOFError, OSError) as err:  # the child could not start, or died between documents
             code = self.exit_code()
             self.stop()
-            yield from missing_pages(doc, set(), "worker_crashed", f"the render worker was gone (exit code {code})")
+            yield from missing_pages(doc, set(), "worker_crashed", f"render worker unavailable: {err} (exit {code})")
             return
         seen: set[int] = set()
+        downstream = 0.0
         while True:
             page_deadline = time.monotonic() + limits.page_timeout_s if limits.page_timeout_s > 0 else float("inf")
             try:
@@ -166,9 +186,11 @@ class RenderWorker:
                 return
             if message is None:
                 self.stop()
-                elapsed = time.monotonic() - start
+                self.spawn()  # the next document's child boots while this one's rows go downstream
+                elapsed = time.monotonic() - start - downstream
                 if time.monotonic() >= doc_deadline:
-                    why = f"stopped after {elapsed:.0f} s (--document-timeout-s {limits.document_timeout_s:g})"
+                    why = (f"stopped after {elapsed:.0f} s of reading and rendering "
+                           f"(--document-timeout-s {limits.document_timeout_s:g})")
                 else:
                     why = f"a page took over --page-timeout-s {limits.page_timeout_s:g} to render"
                 yield from missing_pages(doc, seen, "timeout", f"{len(seen)} of {doc.page_count} pages done; {why}")
@@ -177,7 +199,10 @@ class RenderWorker:
                 yield from missing_pages(doc, seen, "render_failed", "the renderer produced no row for this page")
                 return
             seen.add(message.page_index)
-            yield message  # downstream stages run here, on the clock of this document
+            handed = time.monotonic()
+            yield message  # later stages fused with this one run here: off this document's clock
+            doc_deadline += time.monotonic() - handed
+            downstream += time.monotonic() - handed
 
 
 class TimedRenderPagesDoFn(RenderPagesDoFn):
@@ -190,6 +215,7 @@ class TimedRenderPagesDoFn(RenderPagesDoFn):
 
     def setup(self) -> None:
         self.worker = RenderWorker(self.limits, self.render_fn)
+        self.worker.spawn()  # boots while the first documents are listed and read
         self.workers_started = Metrics.counter("pagemill", "render_workers_started")
         self.counted = 0
 

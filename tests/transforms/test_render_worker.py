@@ -79,9 +79,14 @@ def test_document_deadline_keeps_finished_pages_and_times_out_the_rest() -> None
     worker = RenderWorker(RenderLimits(document_timeout_s=3), first_page_then_hang)
     start = time.monotonic()
     try:
-        rows = list(worker.pages(doc, data, SETTINGS))
+        rows, hung = [], None
+        for row in worker.pages(doc, data, SETTINGS):
+            hung = hung or worker.proc.pid
+            rows.append(row)
         elapsed = time.monotonic() - start
-        assert worker.proc is None  # the hung child was killed, not left running
+        with pytest.raises(ProcessLookupError):  # the hung child was killed (and reaped), not left running
+            os.kill(hung, 0)
+        assert worker.proc is not None and worker.proc.pid != hung  # its successor is already booting
         after = list(worker.pages(_doc(data, 4, "next.pdf"), data, SETTINGS))  # a fresh child starts
     finally:
         worker.stop()
@@ -89,7 +94,20 @@ def test_document_deadline_keeps_finished_pages_and_times_out_the_rest() -> None
     assert [(r.page_index, r.reason_code) for r in rows[1:]] == [(1, "timeout"), (2, "timeout"), (3, "timeout")]
     assert "--document-timeout-s 3" in rows[1].message
     assert elapsed < 3600 / 10  # it stopped: the injected render would have hung for an hour
-    assert isinstance(after[0], PageImage) and worker.started == 2
+    assert isinstance(after[0], PageImage) and worker.started >= 2
+
+
+def test_time_spent_by_later_stages_is_not_charged_to_the_document() -> None:
+    data = docmaker.multipage_pdf(3)
+    worker = RenderWorker(RenderLimits(document_timeout_s=2))
+    rows = []
+    try:
+        for page in worker.pages(_doc(data, 3), data, SETTINGS):
+            rows.append(page)
+            time.sleep(1.5)  # a slow consumer (the model, fused into this stage): 4.5 s in all, over 2 s
+    finally:
+        worker.stop()
+    assert [type(r).__name__ for r in rows] == ["PageImage"] * 3
 
 
 def test_page_deadline() -> None:
