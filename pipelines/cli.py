@@ -97,8 +97,13 @@ def run_command(argv: Sequence[str]) -> int:
     t0 = time.perf_counter()
     pipeline = beam.Pipeline(options=options)
     build_pipeline(pipeline, o, run, earlier_files, done_files, since, until)
-    result = pipeline.run()
-    result.wait_until_finish()
+    result, failure = None, None
+    try:
+        result = pipeline.run()
+        result.wait_until_finish()
+    except Exception as err:  # noqa: BLE001 - what was written is still counted, and the exit code says it failed
+        failure = f"{type(err).__name__}: {str(err)[:2000]}"
+        print(f"pagemill run: the pipeline failed: {failure}", file=sys.stderr)
     if resumed:
         compact_run(o.output, o.tenant, o.run_id)
     wall = time.perf_counter() - t0
@@ -106,6 +111,8 @@ def run_command(argv: Sequence[str]) -> int:
     manifest = build_manifest(o.run_id, _public_options(options), counts, stage_metrics(result),
                               started, dt.datetime.now(dt.UTC))
     code, why = exit_code(counts, o.max_failed_fraction)  # rows are written: now judge them
+    if failure:
+        code, why = 1, f"the pipeline failed before it finished (resume with the same --run-id): {failure[:300]}"
     manifest.update(resumed=resumed, exit_code=code, exit_reason=why)
     uri = write_manifest(o.output, o.run_id, manifest)
     print(summary(counts, wall, o.output, uri))

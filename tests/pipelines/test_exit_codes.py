@@ -1,6 +1,7 @@
 """`pagemill run`'s exit code: the pure rule over a run's counts, and a run whose model cannot load."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -111,3 +112,29 @@ def test_corrupt_weights_exit_3_with_every_document_accounted_for(
         assert (by_name[name]["outcome"], by_name[name]["reason_code"]) == ("failed", "engine_error")
     pages = raw_rows(out, "pages", "bad-model")
     assert len(pages) == 3 and {p["reason_code"] for p in pages} == {"engine_error"}
+
+
+def test_a_pipeline_that_fails_exits_1_and_still_writes_its_manifest(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import apache_beam as beam
+
+    import pipelines.extract
+
+    real = pipelines.extract.build_pipeline
+
+    def failing(p: beam.Pipeline, *args: Any, **kwargs: Any) -> None:  # fault injection: a worker that raises
+        real(p, *args, **kwargs)
+        _ = p | "Boom" >> beam.Create([1]) | "Raise" >> beam.Map(lambda _: 1 / 0)
+
+    monkeypatch.setattr(pipelines.extract, "build_pipeline", failing)
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    (inputs / "a.pdf").write_bytes(docmaker.multipage_pdf(1))
+    out = tmp_path / "out"
+    code = cli.main(["run", "--input", str(inputs), "--output", str(out), "--run-id", "boom", "--no-extract",
+                     "--progress-every-s", "0"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "ZeroDivisionError" in err and "the pipeline failed" in err
+    manifest = json.loads((out / "runs" / "boom.json").read_text())
+    assert manifest["exit_code"] == 1 and "failed before it finished" in manifest["exit_reason"]
