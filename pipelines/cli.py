@@ -53,6 +53,11 @@ def run_command(argv: Sequence[str]) -> int:
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--job", default=None)
     add_storage_args(pre)
+    if "-h" in argv or "--help" in argv:
+        helper = argparse.ArgumentParser(prog="pagemill run", parents=[pre], epilog="and Beam's pipeline options")
+        PagemillOptions._add_argparse_args(helper)
+        helper.print_help()
+        return 0
     known, rest = pre.parse_known_args(argv)
     try:
         flags = merge_flags(rest, known.job)

@@ -103,3 +103,9 @@ def test_bare_force_runs(tmp_path: Path) -> None:
 def test_estimate_refuses_unknown_flags(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["estimate", "--input", "x", "--max-tokenz", "5"]) == 2
     assert "--max-tokens" in capsys.readouterr().err
+
+
+def test_run_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--document-timeout-s" in out and "--max-failed-fraction" in out and "--s3-endpoint-url" in out
