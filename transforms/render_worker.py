@@ -158,6 +158,16 @@ class RenderWorker:
     def pages(self, doc: DocumentRecord, data: bytes, settings: RenderSettings,
               started: float | None = None) -> Iterator[PageImage | PageRow]:
         """Every page of `doc`: rendered in the child, or a failed row (`timeout`, `worker_crashed`)."""
+        finished = False
+        try:
+            yield from self._pages(doc, data, settings, started)
+            finished = True
+        finally:
+            if not finished:  # abandoned mid-document (a later stage raised): its pages must not reach the next
+                self.stop()
+
+    def _pages(self, doc: DocumentRecord, data: bytes, settings: RenderSettings,
+               started: float | None) -> Iterator[PageImage | PageRow]:
         start = time.monotonic() if started is None else started
         limits = self.limits
         doc_deadline = start + limits.document_timeout_s if limits.document_timeout_s > 0 else float("inf")

@@ -7,6 +7,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -108,6 +109,19 @@ def test_time_spent_by_later_stages_is_not_charged_to_the_document() -> None:
     finally:
         worker.stop()
     assert [type(r).__name__ for r in rows] == ["PageImage"] * 3
+
+
+def test_an_abandoned_document_leaves_nothing_for_the_next() -> None:
+    data = docmaker.multipage_pdf(3)
+    worker = RenderWorker(RenderLimits(document_timeout_s=60))
+    try:
+        pages = worker.pages(_doc(data, 3, "first.pdf"), data, SETTINGS)
+        next(pages)
+        pages.close()  # what happens when a later stage raises while holding the first page
+        rows = list(worker.pages(_doc(data, 3, "second.pdf"), data, SETTINGS))
+    finally:
+        worker.stop()
+    assert [(Path(r.source_uri).name, r.page_index) for r in rows] == [("second.pdf", i) for i in range(3)]
 
 
 def test_page_deadline() -> None:
