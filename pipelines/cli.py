@@ -42,23 +42,35 @@ def run_command(argv: Sequence[str]) -> int:
     import apache_beam as beam
     from apache_beam.options.pipeline_options import GoogleCloudOptions
 
+    from pipelines.exit_codes import exit_code
     from pipelines.extract import build_pipeline
     from pipelines.manifest import build_manifest, run_counts, write_manifest
-    from pipelines.options import PagemillOptions, check_identifiers, merge_flags, new_run_id
+    from pipelines.options import OptionError, PagemillOptions, check_identifiers, merge_flags, new_run_id
     from pipelines.preflight import preflight
     from pipelines.storage import add_storage_args, configure, storage_from
     from transforms.write import clear_run, compact_run, run_files
 
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--job", default=None)
     add_storage_args(pre)
+    if "-h" in argv or "--help" in argv:
+        helper = argparse.ArgumentParser(prog="pagemill run", parents=[pre], epilog="and Beam's pipeline options")
+        PagemillOptions._add_argparse_args(helper)
+        helper.print_help()
+        return 0
     known, rest = pre.parse_known_args(argv)
     try:
         flags = merge_flags(rest, known.job)
+    except OptionError as err:
+        for problem in err.problems:
+            print(f"pagemill run: {problem}", file=sys.stderr)
+        return 2
     except (OSError, ValueError) as err:
         print(f"pagemill: cannot read job file {known.job}: {err}", file=sys.stderr)
         return 2
-    given = {k: v for k, v in vars(known).items() if v}
+    from_job, flags = pre.parse_known_args(flags)  # storage keys of a job file; the command line wins
+    given = {k: v for k, v in vars(from_job).items() if v and k != "job"}
+    given.update({k: v for k, v in vars(known).items() if v})
     storage = storage_from({**PagemillOptions(flags).get_all_options(), **given})
     options = PagemillOptions(flags + storage.beam_flags())
     o = options.view_as(PagemillOptions)
@@ -96,6 +108,8 @@ def run_command(argv: Sequence[str]) -> int:
     except Exception as err:  # noqa: BLE001 - one clear line; the runner has logged the traceback
         from transforms.write import run_failure
 
+        # Not finished: no manifest (a `--since-last-run` nightly must not start after this run), and
+        # the rows written so far stay for the resume.
         print(f"pagemill: run {o.run_id} failed: {run_failure(err)}; the rows written so far are kept: "
               f"fix the cause and run the same command with --run-id {o.run_id} to resume", file=sys.stderr)
         return 1
@@ -105,12 +119,14 @@ def run_command(argv: Sequence[str]) -> int:
     counts = run_counts(o.output, o.run_id, storage, o.tenant)
     manifest = build_manifest(o.run_id, _public_options(options), counts, stage_metrics(result),
                               started, dt.datetime.now(dt.UTC))
-    manifest["resumed"] = resumed
+    code, why = exit_code(counts, o.max_failed_fraction)  # rows are written: now judge them
+    manifest.update(resumed=resumed, exit_code=code, exit_reason=why)
     uri = write_manifest(o.output, o.run_id, manifest)
     print(summary(counts, wall, o.output, uri))
     for error in counts["errors"]:
         print(f"pagemill run: error: {error}", file=sys.stderr)
-    return 1 if counts["errors"] else 0
+    print(f"pagemill: exit {code}: {why}", file=sys.stderr if code else sys.stdout)
+    return code
 
 
 def run_id_taken(output: str, tenant: str, run_id: str) -> list[str]:
@@ -177,6 +193,11 @@ def check_options(o: Any) -> list[str]:
             _epoch(getattr(o, name))
         except ValueError:
             problems.append(f"--{name.replace('_', '-')} {getattr(o, name)!r} is not an ISO time")
+    if not 0 <= o.max_failed_fraction <= 1:
+        problems.append(f"--max-failed-fraction {o.max_failed_fraction:g} is not between 0 and 1")
+    for name in ("document_timeout_s", "page_timeout_s"):
+        if getattr(o, name) < 0:
+            problems.append(f"--{name.replace('_', '-')} {getattr(o, name):g} is negative (0 turns it off)")
     from pipelines.extract import safety_config
     from transforms.safety import check_config
 
@@ -196,8 +217,9 @@ def check_options(o: Any) -> list[str]:
 
 
 def _public_options(options: Any) -> dict[str, Any]:
-    skip = {"s3_secret_access_key", "s3_access_key_id", "s3_session_token"}
-    return {k: v for k, v in options.get_all_options(drop_default=False).items() if k not in skip}
+    from pipelines.storage import SECRET_OPTIONS  # credentials never reach the manifest
+
+    return {k: v for k, v in options.get_all_options(drop_default=False).items() if k not in SECRET_OPTIONS}
 
 
 def stage_metrics(result: Any) -> dict[str, Any]:

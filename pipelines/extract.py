@@ -17,6 +17,7 @@ from transforms.intake import REJECTED, IntakeDoFn, IntakeLimits, ListObjects
 from transforms.ocr import OcrSettings
 from transforms.outcome import DocumentOutcomes
 from transforms.pages import FAILED_PAGES, RenderPagesDoFn, RenderSettings
+from transforms.render_worker import RenderLimits, TimedRenderPagesDoFn
 from transforms.safety import QUARANTINED, DocumentGateDoFn, SafetyConfig, SafetyGateDoFn
 from transforms.write import FlushPolicy, ProgressDoFn, WriteTables
 
@@ -29,6 +30,12 @@ def render_settings(o: PagemillOptions) -> RenderSettings:
     return RenderSettings(dpi=o.dpi, max_side=o.max_side, jpeg_quality=o.jpeg_quality,
                           max_text_chars=o.max_text_chars, max_page_points=o.max_page_points,
                           max_image_pixels=o.max_image_pixels, max_bytes=o.max_bytes)
+
+
+def render_dofn(o: PagemillOptions) -> RenderPagesDoFn:
+    """Rendering in a worker process under the time limits, or in this process when both are off."""
+    limits = RenderLimits(document_timeout_s=o.document_timeout_s, page_timeout_s=o.page_timeout_s)
+    return TimedRenderPagesDoFn(render_settings(o), limits) if limits.enabled else RenderPagesDoFn(render_settings(o))
 
 
 def rendered_only(page: PageImage) -> PageRow:
@@ -126,7 +133,7 @@ def build_pipeline(p: beam.Pipeline, o: PagemillOptions, run: Mapping[str, Any],
         to_render, cached = split.render, split[CACHED]
     rendered = (
         to_render
-        | "RenderPages" >> beam.ParDo(RenderPagesDoFn(render_settings(o))).with_outputs(FAILED_PAGES, main="pages")
+        | "RenderPages" >> beam.ParDo(render_dofn(o)).with_outputs(FAILED_PAGES, main="pages")
     )
     safe = (
         rendered.pages

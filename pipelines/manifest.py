@@ -66,6 +66,7 @@ def run_counts(output: str, run_id: str, storage: Any = None, tenant: str = "def
             "documents": sum(by("documents", "outcome").values()),
             "outcomes": by("documents", "outcome"),
             "reject_reasons": {str(k): int(n) for k, n in rejected},
+            "document_reasons": {k: n for k, n in by("documents", "reason_code").items() if k != "None"},
             "page_reasons": {str(k): int(n) for k, n in page_reasons},
             "pages": by("pages", "status"),
             "routes": by("ledger", "route"),

@@ -5,7 +5,9 @@ file uses the underscored names as keys. Flags on the command line override the 
 """
 from __future__ import annotations
 
+import argparse
 import datetime as dt
+import difflib
 import re
 import secrets
 from collections.abc import Mapping, Sequence
@@ -13,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
 # Options that take several values; a command line that gives any replaces the job file's list.
@@ -21,7 +23,14 @@ LIST_OPTIONS = ("input", "blocklist", "safety_check")
 
 
 def _flag(parser: Any, name: str, **kwargs: Any) -> None:
-    parser.add_argument(f"--{name.replace('_', '-')}", f"--{name}", dest=name, **kwargs)
+    dashed = name.replace("_", "-")
+    if kwargs.get("type") is _bool:
+        # `--force` alone, `--force false`, `--force=true`, and `--no-force`. A bare flag matters beyond
+        # typing too: Beam hands options to portable workers as `--name` for True.
+        kwargs.update(nargs="?", const=True)
+        parser.add_argument(f"--no-{dashed}", f"--no_{name}", dest=name, action="store_false",
+                            default=kwargs.get("default"), help=argparse.SUPPRESS)  # argparse: first default wins
+    parser.add_argument(f"--{dashed}", f"--{name}", dest=name, **kwargs)
 
 
 class PagemillOptions(PipelineOptions):
@@ -100,6 +109,13 @@ class PagemillOptions(PipelineOptions):
         _flag(parser, "flush_rows", type=int, default=500, help="write a Parquet file every this many rows (0: off)")
         _flag(parser, "flush_seconds", type=float, default=10.0,
               help="write a Parquet file when its oldest buffered row is this old (0: off)")
+        # Scheduling: time limits and the exit code.
+        _flag(parser, "document_timeout_s", type=float, default=600.0,
+              help="time limit for rendering, gating and hinting one document (0: none); over it: `timeout`")
+        _flag(parser, "page_timeout_s", type=float, default=120.0,
+              help="time limit for rendering, gating and hinting one page (0: none); over it: `timeout`")
+        _flag(parser, "max_failed_fraction", type=float, default=0.05,
+              help="exit 1 when more than this share of documents or pages failed for a system reason")
 
 
 def _bool(text: str) -> bool:
@@ -141,11 +157,87 @@ def load_job(path: str) -> dict[str, Any]:
     return data
 
 
+class OptionError(ValueError):
+    """Unknown or malformed options: a usage error (exit 2) whose lines name each one."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = list(problems)
+
+
+class _StrictParser(_BeamArgumentParser):
+    def error(self, message: str) -> Any:  # argparse would print usage and exit; a caller decides
+        raise OptionError([message])
+
+
+# Flags that commands take beside the pipeline options (the job file and pipelines/storage.py's).
+EXTRA_FLAGS = ("job", "s3_endpoint_url", "s3_region", "s3_profile", "s3_access_key_id", "s3_secret_access_key")
+
+
+def known_parser() -> _StrictParser:
+    """Every flag Beam's PipelineOptions subclasses register (pagemill's, runners', Dataflow's, ...), plus
+    EXTRA_FLAGS: the same set Beam parses, so a flag any runner understands is never refused."""
+    parser = _StrictParser(allow_abbrev=False, add_help=False)
+    for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
+        cls._add_argparse_args(parser)  # how Beam itself collects them
+    for name in EXTRA_FLAGS:
+        if f"--{name}" not in parser._option_string_actions:
+            _flag(parser, name, default=None)
+    return parser
+
+
+def _nearest(name: str, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def check_flags(flags: Sequence[str], where: str = "") -> list[str]:
+    """Problems with command-line flags: unknown names (with the nearest known one), stray values and
+    values of the wrong type. Empty when every flag is known and parses."""
+    parser = known_parser()
+    names = sorted(o for o in parser._option_string_actions if o.startswith("--"))
+    try:
+        _, unknown = parser.parse_known_args(list(flags))
+    except OptionError as err:
+        return [f"{where}{p}" for p in err.problems]
+    problems, previous_unknown = [], False
+    for arg in unknown:
+        if arg.startswith("-"):
+            name = arg.split("=", 1)[0]
+            problems.append(f"{where}unknown option {name}{_nearest(name, names)}")
+            previous_unknown = "=" not in arg
+        elif not previous_unknown:  # a value after an unknown flag is part of it
+            problems.append(f"{where}unexpected argument {arg!r}")
+        else:
+            previous_unknown = False
+    return problems
+
+
+def check_job_keys(job: Mapping[str, Any], path: str) -> list[str]:
+    """Job-file keys are option names with underscores (plus `pipeline_args`)."""
+    parser = known_parser()
+    dests = sorted({a.dest for a in parser._actions if a.dest != "help"} | {"pipeline_args"})
+    problems = [f"{path}: unknown key {key!r}{_nearest(str(key), dests)}" for key in job if key not in dests]
+    args = job.get("pipeline_args") or []
+    if not isinstance(args, list):
+        problems.append(f"{path}: pipeline_args is a list of flags")
+    else:
+        problems += check_flags([str(a) for a in args], f"{path}: pipeline_args: ")
+    return problems
+
+
 def merge_flags(argv: Sequence[str], job_path: str | None) -> list[str]:
-    """Job-file flags first, then the command line's, which win (argparse keeps the last value)."""
+    """Job-file flags first, then the command line's, which win (argparse keeps the last value).
+    Raises OptionError naming every unknown flag or job key (a typo must not be dropped silently)."""
+    problems = check_flags(argv)
     if not job_path:
+        if problems:
+            raise OptionError(problems)
         return list(argv)
     job = load_job(job_path)
+    problems = check_job_keys({k: v for k, v in job.items() if k != "_base"}, job_path) + problems
+    if problems:
+        raise OptionError(problems)
     base = Path(job.pop("_base"))
     for key in ("input", "output", "schema", "model"):
         if key in job:
@@ -155,7 +247,11 @@ def merge_flags(argv: Sequence[str], job_path: str | None) -> list[str]:
     for key in LIST_OPTIONS:
         if key in given:
             job.pop(key, None)
-    return job_flags(job) + list(argv)
+    flags = job_flags(job)
+    problems = check_flags(flags, f"{job_path}: ")  # values of the wrong type (`max_pages: many`)
+    if problems:
+        raise OptionError(problems)
+    return flags + list(argv)
 
 
 def _resolve_paths(value: Any, base: Path, always: bool) -> Any:

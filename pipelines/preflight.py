@@ -28,6 +28,7 @@ def s3_client(storage: StorageConfig) -> tuple[Any, Any]:
         "s3", endpoint_url=storage.s3_endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3"),
         region_name=storage.s3_region or os.environ.get("AWS_DEFAULT_REGION"),
         aws_access_key_id=storage.s3_access_key_id, aws_secret_access_key=storage.s3_secret_access_key,
+        aws_session_token=storage.s3_session_token,
         config=config)
 
 

@@ -1,18 +1,26 @@
 """Storage options shared by every command that touches object storage (run, sql, estimate, report).
 
-Beam's own S3 options (`--s3_endpoint_url`, keys) reach the launching process, but worker processes
-(multi-process DirectRunner, portable runners) only see them reliably through the standard AWS
-environment variables, so the options are exported there for the workers this process starts.
+Credentials never go into the process environment (so no child inherits them): the launcher's Beam
+FileSystems, pre-flight's boto3 client and DuckDB's pyarrow filesystem get them as arguments, and worker
+processes get them as Beam's own S3 pipeline options (`--s3_access_key_id`, ...), which Beam hands to
+every SDK worker with the rest of the options. A `--s3-profile` is resolved to keys here, once, because
+workers on other machines have no profile file. Children that do not need them (Tesseract) get a
+minimal environment of their own (transforms/ocr.py).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow.fs as pafs
+
+SECRET_OPTIONS = ("s3_access_key_id", "s3_secret_access_key", "s3_session_token")
+# The SDK worker's module logs every pipeline option at INFO on start; run with -m it logs as __main__.
+QUIET_WORKER_LOGGERS = ("apache_beam.runners.worker.sdk_worker_main", "__main__")
 
 
 @dataclass(frozen=True)
@@ -20,28 +28,23 @@ class StorageConfig:
     s3_endpoint_url: str | None = None
     s3_region: str | None = None
     s3_profile: str | None = None
-    s3_access_key_id: str | None = None
-    s3_secret_access_key: str | None = None
-
-    def env(self) -> dict[str, str]:
-        """The AWS environment that boto3 (and so Beam's S3 filesystem) reads in every process."""
-        pairs = {
-            "AWS_ENDPOINT_URL_S3": self.s3_endpoint_url,
-            "AWS_DEFAULT_REGION": self.s3_region,
-            "AWS_PROFILE": self.s3_profile,
-            "AWS_ACCESS_KEY_ID": self.s3_access_key_id,
-            "AWS_SECRET_ACCESS_KEY": self.s3_secret_access_key,
-        }
-        return {k: v for k, v in pairs.items() if v}
+    s3_access_key_id: str | None = field(default=None, repr=False)
+    s3_secret_access_key: str | None = field(default=None, repr=False)
+    s3_session_token: str | None = field(default=None, repr=False)
 
     def beam_flags(self) -> list[str]:
+        """Beam's S3Options: what its boto3 client reads, in the launcher and in every worker."""
         flags = []
-        for name in ("s3_endpoint_url", "s3_access_key_id", "s3_secret_access_key"):
+        for name in ("s3_endpoint_url", *SECRET_OPTIONS):
             value = getattr(self, name)
             if value:
                 flags.append(f"--{name}={value}")
         if self.s3_region:
             flags.append(f"--s3_region_name={self.s3_region}")
+        if any(getattr(self, name) for name in SECRET_OPTIONS):
+            # Beam's SDK worker logs every pipeline option at INFO when it starts: not these.
+            quiet = json.dumps(dict.fromkeys(QUIET_WORKER_LOGGERS, "WARNING"))
+            flags.append(f"--sdk_harness_log_level_overrides={quiet}")
         return flags
 
 
@@ -56,22 +59,40 @@ def add_storage_args(parser: argparse.ArgumentParser) -> None:
 
 def storage_from(values: Mapping[str, Any]) -> StorageConfig:
     """From parsed arguments or pipeline options; Beam's `s3_region_name` is accepted too."""
-    return StorageConfig(
+    storage = StorageConfig(
         s3_endpoint_url=values.get("s3_endpoint_url"),
         s3_region=values.get("s3_region") or values.get("s3_region_name"),
         s3_profile=values.get("s3_profile"),
         s3_access_key_id=values.get("s3_access_key_id"),
         s3_secret_access_key=values.get("s3_secret_access_key"),
+        s3_session_token=values.get("s3_session_token"),
     )
+    return resolve_profile(storage) if storage.s3_profile and not storage.s3_access_key_id else storage
+
+
+def resolve_profile(storage: StorageConfig) -> StorageConfig:
+    """Keys (and region) of `--s3-profile`, so that they reach workers as options, not as AWS_PROFILE."""
+    import boto3
+    import botocore.exceptions
+
+    try:
+        session = boto3.Session(profile_name=storage.s3_profile)
+        creds = session.get_credentials()
+    except botocore.exceptions.BotoCoreError:
+        return storage  # pre-flight reports the profile it cannot use
+    if creds is None:
+        return storage
+    frozen = creds.get_frozen_credentials()
+    return replace(storage, s3_access_key_id=frozen.access_key, s3_secret_access_key=frozen.secret_key,
+                   s3_session_token=frozen.token, s3_region=storage.s3_region or session.region_name)
 
 
 def configure(storage: StorageConfig) -> None:
-    """Export the storage settings for this process and the worker processes it starts, and point
-    Beam's FileSystems (used by the launcher for listing, pre-flight and the manifest) at them."""
+    """Point this process's Beam FileSystems (listing, pre-flight, the manifest) at the storage settings.
+    Nothing is written to the environment."""
     from apache_beam.io.filesystems import FileSystems
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    os.environ.update(storage.env())
     FileSystems.set_options(PipelineOptions(storage.beam_flags()))
 
 
@@ -89,6 +110,8 @@ def arrow_filesystem(uri: str, storage: StorageConfig) -> tuple[pafs.FileSystem,
         if storage.s3_access_key_id:
             kwargs["access_key"] = storage.s3_access_key_id
             kwargs["secret_key"] = storage.s3_secret_access_key
+            if storage.s3_session_token:
+                kwargs["session_token"] = storage.s3_session_token
         return pafs.S3FileSystem(**kwargs), uri.removeprefix("s3://").rstrip("/")
     if "://" in uri and not uri.startswith("file://"):
         fs, path = pafs.FileSystem.from_uri(uri)

@@ -285,3 +285,31 @@ def huge_png_header(width: int = 20000, height: int = 20000) -> bytes:
     idat = zlib.compress(b"\x00" * (width + 1) * min(height, 16), 9)
     chunks = _png_chunk(b"IHDR", ihdr) + _png_chunk(b"IDAT", idat) + _png_chunk(b"IEND", b"")
     return b"\x89PNG\r\n\x1a\n" + chunks
+
+
+def slow_pdf(n_pages: int, stream_bytes: int = 2_000_000, seed: int = 0) -> bytes:
+    """A valid PDF whose pages all draw one shared content stream of `stream_bytes` of random line
+    operators: tiny on disk per page, seconds of pdfium time per page (the issue's slow PDF)."""
+    rng = random.Random(seed)
+    ops: list[str] = ["0.1 w\n"]
+    size = 0
+    while size < stream_bytes:
+        op = f"{rng.randint(0, 612)} {rng.randint(0, 792)} m {rng.randint(0, 612)} {rng.randint(0, 792)} l S\n"
+        ops.append(op)
+        size += len(op)
+    content = "".join(ops).encode()
+    kids = " ".join(f"{4 + i} 0 R" for i in range(n_pages))
+    objs = [b"<< /Type /Catalog /Pages 2 0 R >>",
+            f"<< /Type /Pages /Kids [{kids}] /Count {n_pages} >>".encode(),
+            b"<< /Length %d >>\nstream\n" % len(content) + content + b"\nendstream"]
+    objs += [b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 3 0 R >>"] * n_pages
+    out = bytearray(b"%PDF-1.7\n")
+    offsets = []
+    for i, body in enumerate(objs, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % i + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objs) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, xref)
+    return bytes(out)

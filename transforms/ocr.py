@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 MIN_WORD_CONF = 50.0  # words below this confidence do not count as covering the page
@@ -44,9 +45,15 @@ class OcrResult:
     error: str | None = None
 
 
-def tesseract_env() -> dict[str, str]:
-    """The child's environment: the worker's, with OpenMP limited to one thread."""
-    return {**os.environ, "OMP_THREAD_LIMIT": "1"}
+# What Tesseract needs from the worker's environment, and nothing else: the worker's holds Beam's
+# PIPELINE_OPTIONS (storage credentials among them) and whatever the scheduler put there.
+TESSERACT_ENV_KEYS = ("PATH", "TESSDATA_PREFIX", "LANG", "LC_ALL", "LC_CTYPE", "HOME", "TMPDIR")
+
+
+def tesseract_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The child's environment: a minimal copy of the worker's, with OpenMP limited to one thread."""
+    source = os.environ if environ is None else environ
+    return {**{k: source[k] for k in TESSERACT_ENV_KEYS if k in source}, "OMP_THREAD_LIMIT": "1"}
 
 
 def available_languages(binary: str = "tesseract") -> tuple[str, ...]:

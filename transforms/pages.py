@@ -184,7 +184,12 @@ class RenderPagesDoFn(beam.DoFn):
         self.failed = Metrics.counter("pagemill", "pages_failed_render")
         self.render_ms = Metrics.distribution("pagemill", "render_ms")
 
+    def render(self, doc: DocumentRecord, data: bytes, started: float) -> Iterator[PageImage | PageRow]:
+        """In this process; transforms/render_worker.py overrides it to render in a child under a time limit."""
+        return render_document(doc, data, self.settings)
+
     def process(self, doc: DocumentRecord) -> Iterator[object]:
+        started = time.monotonic()  # the document's clock starts before its bytes are read
         try:
             data = read_capped(doc.uri, self.settings.max_bytes)
         except Exception as err:  # noqa: BLE001
@@ -193,7 +198,7 @@ class RenderPagesDoFn(beam.DoFn):
                 yield beam.pvalue.TaggedOutput(FAILED_PAGES, failed_page(doc, index, "unreadable", str(err)))
             return
         start = time.perf_counter()
-        for page in render_document(doc, data, self.settings):
+        for page in self.render(doc, data, started):
             now = time.perf_counter()
             self.render_ms.update(int((now - start) * 1000))
             if isinstance(page, PageRow):

@@ -1,0 +1,24 @@
+"""Which reason codes are failures of the system, and which of the input: the one home of the rule that
+`pagemill run`'s exit code (pipelines/exit_codes.py) and the README's exit-code table follow.
+
+A scheduler retries or pages someone for a system failure; it does neither for a bad file, which is
+reported in the tables and is the answer for that file."""
+from __future__ import annotations
+
+from schemas.records import REASON_CODES
+
+# The engine, the run's own machinery or a time limit failed; the same input may well succeed next time.
+SYSTEM_REASONS = frozenset({
+    "engine_error",        # the model raised (or could not start)
+    "timeout",             # --document-timeout-s / --page-timeout-s stopped the work
+    "safety_check_error",  # a safety check raised: the page is quarantined, fail closed
+    "extraction_failed",   # a document's pages produced no row at all (lost work)
+})
+# The model ran but its answer failed the checks: data quality, reported per page, not a system failure.
+MODEL_OUTPUT_REASONS = frozenset({"invalid_json", "schema_invalid", "truncated"})
+# Everything else (too_large, unreadable, encrypted, render_failed, worker_crashed, ...) is about the input.
+INPUT_REASONS = frozenset(REASON_CODES) - SYSTEM_REASONS - MODEL_OUTPUT_REASONS
+
+
+def is_system_failure(reason_code: str | None) -> bool:
+    return reason_code in SYSTEM_REASONS
