@@ -1,7 +1,6 @@
 """`pagemill run`'s exit code: the pure rule over a run's counts, and a run whose model cannot load."""
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
