@@ -262,8 +262,9 @@ def test_prices_table() -> None:
     assert api_cost_usd("gpt-4o", 1_000_000, 1_000_000, prices) == pytest.approx(12.50)
     assert api_cost_usd("claude-sonnet", 1_000_000, 0, prices) == pytest.approx(3.00)
     assert api_cost_usd("gemini-2.5-flash", 0, 1_000_000, prices) == pytest.approx(2.50)
-    # One Qwen-sized page through GPT-4o: 765 image tokens + 200 text in, 300 out.
-    assert api_cost_usd("gpt-4o", 965, 300, prices) == pytest.approx((965 * 2.5 + 300 * 10) / 1e6)
+    # One Qwen-sized page through GPT-4o: 765 image tokens + 200 text in, 300 out, at $2.50 / $10.00 per 1M
+    # tokens: 965 x 2.5e-6 = $0.0024125 in, 300 x 1e-5 = $0.003 out, $0.0054125 in all.
+    assert api_cost_usd("gpt-4o", 965, 300, prices) == pytest.approx(0.0054125)
     with pytest.raises(ValueError, match="unknown provider"):
         api_cost_usd("gpt-9", 1, 1, prices)
     with pytest.raises(ValueError):
