@@ -12,7 +12,21 @@ from PIL import Image
 from schemas.records import REASON_CODES, DocumentRecord, DocumentRow, ListedObject
 from tests import docmaker
 from transforms.formats import sniff_format
-from transforms.intake import MISSING, IntakeLimits, expand_input, inspect_document, reject, size_gate
+from transforms.intake import (
+    MISSING,
+    REJECTED,
+    IntakeDoFn,
+    IntakeLimits,
+    ListObjects,
+    _missing,
+    expand_input,
+    in_window,
+    inspect_document,
+    read_capped,
+    reject,
+    size_gate,
+    to_listed,
+)
 
 LIMITS = IntakeLimits(max_bytes=50 * 2**20, max_pages=5000, max_image_pixels=89_478_485)
 
@@ -276,3 +290,80 @@ def test_expand_empty_at_file(tmp_path: Path) -> None:
     listing = tmp_path / "empty.txt"
     listing.write_text("# nothing yet\n\n")
     assert expand_input(f"@{listing}") == []
+
+
+# --- listing and the intake DoFn ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("modified", "since", "until", "taken"), [
+    (None, 100.0, 200.0, True),  # an unknown time is always taken
+    (100.0, 100.0, 200.0, True),  # since is inclusive
+    (99.9, 100.0, 200.0, False),
+    (199.9, 100.0, 200.0, True),
+    (200.0, 100.0, 200.0, False),  # until is exclusive: back-to-back windows take each object once
+    (5.0, None, 200.0, True), (500.0, 100.0, None, True), (5.0, 100.0, None, False), (500.0, None, 200.0, False),
+    (5.0, None, None, True)])
+def test_in_window(modified: float | None, since: float | None, until: float | None, taken: bool) -> None:
+    assert in_window(ListedObject("s3://b/k.pdf", 10, modified), since, until) is taken
+
+
+def test_to_listed_and_read_capped(tmp_path: Path) -> None:
+    from apache_beam.io.filesystem import FileMetadata
+
+    meta = FileMetadata(str(tmp_path / "a.pdf"), 1234, last_updated_in_seconds=17.5)
+    assert to_listed(meta) == ListedObject(str(tmp_path / "a.pdf"), 1234, 17.5)
+    path = tmp_path / "ten.bin"
+    path.write_bytes(b"0123456789")
+    assert read_capped(str(path), 4) == b"01234"  # limit + 1: enough to tell "over the limit"
+    assert read_capped(str(path), 100) == b"0123456789"
+
+
+def test_missing_literal_uris_are_listed_as_missing(tmp_path: Path) -> None:
+    (tmp_path / "here.pdf").write_bytes(b"x")
+    assert list(_missing(str(tmp_path / "here.pdf"))) == []
+    assert list(_missing(str(tmp_path / "gone.pdf"))) == [ListedObject(str(tmp_path / "gone.pdf"), MISSING)]
+    assert list(_missing("nosuchscheme://bucket/key.pdf")) == [ListedObject("nosuchscheme://bucket/key.pdf", MISSING)]
+
+
+def test_intake_dofn_accepts_rejects_and_survives_read_errors(tmp_path: Path) -> None:
+    from apache_beam.pvalue import TaggedOutput
+
+    good, empty = tmp_path / "good.pdf", tmp_path / "notes.txt"
+    good.write_bytes(docmaker.invoice_pdf())
+    empty.write_bytes(b"plain text")
+    fn = IntakeDoFn(LIMITS)
+
+    def run(obj: ListedObject) -> object:
+        (out,) = list(fn.process(obj))
+        return out
+
+    accepted = run(ListedObject(str(good), good.stat().st_size))
+    assert isinstance(accepted, DocumentRecord) and accepted.page_count == 1
+    for obj, reason in ((ListedObject(str(empty), 10), "unsupported_format"),
+                        (ListedObject(str(tmp_path / "x.pdf"), LIMITS.max_bytes + 1), "too_large"),
+                        (ListedObject(str(tmp_path / "vanished.pdf"), 10), "unreadable")):
+        out = run(obj)
+        assert isinstance(out, TaggedOutput) and out.tag == REJECTED, obj
+        assert isinstance(out.value, DocumentRow) and out.value.reason_code == reason, (obj, out.value)
+    assert "read failed: " in (run(ListedObject(str(tmp_path / "vanished.pdf"), 10)).value.message or "")
+
+
+def test_list_objects_lists_each_object_once_and_reports_missing_names(tmp_path: Path) -> None:
+    import os
+
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    (tmp_path / "sub").mkdir()
+    for name, mtime in (("a.pdf", 100), ("sub/b.png", 150), ("sub/c.pdf", 300)):
+        (tmp_path / name).write_bytes(b"1234")
+        os.utime(tmp_path / name, (mtime, mtime))
+    patterns = [str(tmp_path), str(tmp_path / "a.pdf"), str(tmp_path / "sub" / "*.png"), str(tmp_path / "gone.pdf")]
+    with BeamPipeline() as p:
+        got = p | ListObjects(patterns) | beam.Map(lambda o: (Path(o.uri).name, o.size))
+        assert_that(got, equal_to([("a.pdf", 4), ("b.png", 4), ("c.pdf", 4), ("gone.pdf", MISSING)]))
+    with BeamPipeline() as p:
+        got = p | ListObjects([str(tmp_path)], modified_since=100, modified_until=300) | beam.Map(
+            lambda o: Path(o.uri).name)
+        assert_that(got, equal_to(["a.pdf", "b.png"]))
