@@ -367,3 +367,32 @@ def test_list_objects_lists_each_object_once_and_reports_missing_names(tmp_path:
         got = p | ListObjects([str(tmp_path)], modified_since=100, modified_until=300) | beam.Map(
             lambda o: Path(o.uri).name)
         assert_that(got, equal_to(["a.pdf", "b.png"]))
+
+
+def test_reject_messages_say_what_happened() -> None:
+    """The message is what a person reads in the `documents` row: each reason's wording, exactly."""
+    obj = ListedObject("s3://b/x", 10)
+    cases = [(docmaker.encrypted_pdf(), "encrypted", "the PDF is password protected"),
+             (b"hello world", "unsupported_format", "magic bytes match no supported PDF or image format"),
+             (docmaker.truncated_pdf(), "unreadable", "pdf: PdfiumError: Failed to load document (PDFium: Data "
+                                                      "format error)."),
+             (docmaker.billion_pages_pdf(count=1_000_000), "too_many_pages", "1,000,000 pages is over the limit "
+                                                                             "of 5,000"),
+             (b"", "empty", "the object has zero bytes")]
+    for data, reason, message in cases:
+        row = inspect_document(obj, data, LIMITS)
+        assert isinstance(row, DocumentRow) and (row.reason_code, row.message) == (reason, message), row
+        assert row.source_uri == "s3://b/x" and row.outcome == "rejected"
+    assert size_gate(ListedObject("s3://b/x", MISSING), LIMITS).message == \
+        "the object was listed by name but does not exist"  # type: ignore[union-attr]
+    assert size_gate(ListedObject("s3://b/x", 0), LIMITS).message == "the object has zero bytes"  # type: ignore[union-attr]
+
+
+def test_data_of_exactly_max_bytes_is_accepted() -> None:
+    data = docmaker.invoice_pdf()
+    limits = IntakeLimits(max_bytes=len(data), max_pages=5, max_image_pixels=LIMITS.max_image_pixels)
+    assert isinstance(inspect_document(ListedObject("u", len(data)), data, limits), DocumentRecord)
+    small = IntakeLimits(max_bytes=len(data) - 1, max_pages=5, max_image_pixels=LIMITS.max_image_pixels)
+    row = inspect_document(ListedObject("u", len(data)), data, small)
+    assert isinstance(row, DocumentRow) and row.reason_code == "too_large"
+    assert row.message == f"read more than {len(data) - 1:,} bytes"

@@ -426,3 +426,16 @@ def test_render_dofn_reads_the_object_and_splits_pages_from_failures(tmp_path) -
     assert [(o.tag, o.value.page_index, o.value.status, o.value.reason_code) for o in gone] == [
         (FAILED_PAGES, 0, "failed", "unreadable"), (FAILED_PAGES, 1, "failed", "unreadable")]
     assert all(o.value.doc_sha256 == "c" * 64 and o.value.source_uri.endswith("gone.pdf") for o in gone)
+
+
+def test_a_document_that_cannot_be_opened_fails_every_page_with_the_error() -> None:
+    data = docmaker.truncated_pdf()
+    doc = DocumentRecord("s3://b/t.pdf", len(data), hashlib.sha256(data).hexdigest(), "pdf", 2)
+    rows = list(render_document(doc, data, SETTINGS))
+    assert [(r.page_index, r.status, r.reason_code, r.message) for r in rows] == [
+        (i, "failed", "render_failed", "PdfiumError: Failed to load document (PDFium: Data format error).")
+        for i in (0, 1)]
+    assert all(isinstance(r, PageRow) and (r.source_uri, r.doc_sha256) == (doc.uri, doc.doc_sha256) for r in rows)
+    changed = DocumentRecord("s3://b/t.pdf", len(data), "0" * 64, "pdf", 2)
+    assert [(r.page_index, r.reason_code, r.message) for r in render_document(changed, data, SETTINGS)] == [
+        (i, "changed_during_run", "the object's bytes changed after intake") for i in (0, 1)]
