@@ -46,10 +46,23 @@ def table(by_module: dict[str, Counter[str]]) -> list[str]:
     return lines
 
 
+def markdown(by_module: dict[str, Counter[str]]) -> list[str]:
+    lines = ["| module | mutants run | killed (timeouts) | score | survived | no unit test reaches |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for module, counts in sorted(by_module.items()):
+        checked = sum(n for s, n in counts.items() if s not in NOT_RUN)
+        killed = sum(n for s, n in counts.items() if s in KILLED)
+        score = f"{100 * killed / checked:.0f}%" if checked else "-"
+        lines.append(f"| `{module.replace('.', '/')}.py` | {checked} | {killed} ({counts['timeout']}) | {score} | "
+                     f"{counts['survived']} | {counts['no tests']} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mutants", nargs="*", help="mutant name globs, e.g. 'transforms.prompt*' (default: all)")
     ap.add_argument("--summary-only", action="store_true", help="print the table of the last run")
+    ap.add_argument("--markdown", action="store_true", help="the table as Markdown (for the README)")
     args = ap.parse_args(argv)
     if not args.summary_only:
         run = subprocess.run([sys.executable, "-m", "mutmut", "run", *args.mutants], cwd=REPO, check=False)
@@ -57,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
             return run.returncode
     results = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=REPO,
                              capture_output=True, text=True, check=True).stdout
-    print("\n".join(table(summarise(results))))
+    by_module = summarise(results)
+    print("\n".join(markdown(by_module) if args.markdown else table(by_module)))
     return 0
 
 
