@@ -35,7 +35,7 @@ bench: setup $(TEST_MODEL)/config.json
 	$(PY) benchmarks/bench_extract.py --model $(TEST_MODEL)
 
 # Mutation testing of the pure modules with their unit tests ([tool.mutmut] in pyproject.toml). Not part of CI:
-# about 1,900 mutants, 10-20 minutes on 2 cores. Installs the `mutate` extra (mutmut) on first use.
+# about 1,900 mutants, 30-60 minutes on 2 shared cores. Installs the `mutate` extra (mutmut) on first use.
 mutate: setup
 	$(PY) -c "import mutmut" 2>/dev/null || $(VENV)/bin/pip install -q -e ".[mutate]"
 	$(PY) scripts/mutate.py

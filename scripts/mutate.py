@@ -6,7 +6,7 @@ budget, pages and prompt, against their unit tests in tests/transforms/ only), t
 many mutants the tests killed. A mutant that makes the tests time out counts as killed; one that no test
 reaches ("no tests") counts as surviving.
 
-    python scripts/mutate.py                       # everything (about 1,900 mutants; ~10-20 min on 2 cores)
+    python scripts/mutate.py                       # everything (about 1,900 mutants; 30-60 min on 2 cores)
     python scripts/mutate.py "transforms.prompt*"  # one module
     python scripts/mutate.py --summary-only        # the table from the last run
 """
