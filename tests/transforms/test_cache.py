@@ -18,7 +18,6 @@ from transforms.cache import (
     CACHE_COLUMNS,
     REUSABLE,
     ReadEarlierPages,
-    SkipCachedDocuments,
     SkipDoneDocuments,
     cached_row,
     document_from_cache,
@@ -99,19 +98,6 @@ def test_read_earlier_pages_keeps_only_reusable_rows(tmp_path: Path) -> None:
         assert_that(got, equal_to([0]))
     with BeamPipeline() as p:
         assert_that(p | ReadEarlierPages([], "acme", "cfg"), equal_to([]))
-
-
-def test_skip_cached_documents_splits_rendering_from_cached_pages() -> None:
-    partly = DocumentRecord("s3://b/partly.pdf", 10, "p" * 64, "pdf", 2)
-    fresh = DocumentRecord("s3://b/fresh.pdf", 10, "f" * 64, "pdf", 1)
-    rows = [earlier(0), earlier(1), earlier(0, doc_sha256=partly.doc_sha256)]
-    with BeamPipeline() as p:
-        docs = p | "Docs" >> beam.Create([DOC, partly, fresh])
-        out = docs | SkipCachedDocuments(p | "Earlier" >> beam.Create(rows))
-        assert_that(out.render | "RenderUris" >> beam.Map(lambda d: d.uri),
-                    equal_to([partly.uri, fresh.uri]), label="render")
-        assert_that(out.cached | "CachedKeys" >> beam.Map(lambda r: (r.source_uri, r.page_index, r.status)),
-                    equal_to([(DOC.uri, 0, "cached"), (DOC.uri, 1, "cached")]), label="cached")
 
 
 def test_skip_done_documents_drops_what_this_run_already_wrote(tmp_path: Path) -> None:
