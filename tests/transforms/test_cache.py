@@ -2,6 +2,7 @@
 answered whole from the cache, resuming) and its Beam joins on small in-memory collections."""
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from transforms.cache import (
     CACHE_COLUMNS,
     REUSABLE,
     ReadEarlierPages,
+    SkipCachedDocuments,
     SkipDoneDocuments,
     cached_row,
     document_from_cache,
@@ -98,6 +100,28 @@ def test_read_earlier_pages_keeps_only_reusable_rows(tmp_path: Path) -> None:
         assert_that(got, equal_to([0]))
     with BeamPipeline() as p:
         assert_that(p | ReadEarlierPages([], "acme", "cfg"), equal_to([]))
+
+
+def skip_cached(earlier: beam.PCollection) -> beam.PTransform:
+    """SkipCachedDocuments with no blocklists (newer versions re-check reused pages against them)."""
+    if "safety" in inspect.signature(SkipCachedDocuments.__init__).parameters:
+        from transforms.safety import SafetyConfig
+
+        return SkipCachedDocuments(earlier, SafetyConfig(nsfw_classifier="none"))  # type: ignore[call-arg]
+    return SkipCachedDocuments(earlier)  # type: ignore[call-arg]
+
+
+def test_skip_cached_documents_splits_rendering_from_cached_pages() -> None:
+    partly = DocumentRecord("s3://b/partly.pdf", 10, "p" * 64, "pdf", 2)
+    fresh = DocumentRecord("s3://b/fresh.pdf", 10, "f" * 64, "pdf", 1)
+    rows = [earlier(0), earlier(1), earlier(0, doc_sha256=partly.doc_sha256)]
+    with BeamPipeline() as p:
+        docs = p | "Docs" >> beam.Create([DOC, partly, fresh])
+        out = docs | skip_cached(p | "Earlier" >> beam.Create(rows))
+        assert_that(out.render | "RenderUris" >> beam.Map(lambda d: d.uri),
+                    equal_to([partly.uri, fresh.uri]), label="render")
+        assert_that(out.cached | "CachedKeys" >> beam.Map(lambda r: (r.source_uri, r.page_index, r.status)),
+                    equal_to([(DOC.uri, 0, "cached"), (DOC.uri, 1, "cached")]), label="cached")
 
 
 def test_skip_done_documents_drops_what_this_run_already_wrote(tmp_path: Path) -> None:
