@@ -122,7 +122,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--pages", type=int, default=32, help="pages to extract (distinct cache keys)")
     p.add_argument("--input", default=None,
                    help="folder of PDFs/images to take pages from (recursively, sorted; other files are "
-                        "skipped), e.g. /work/shared/corpus/extraction_gt/; default: generated pages")
+                        "skipped), e.g. ../shared/corpus/extraction_gt/; default: generated pages")
     p.add_argument("--schema", default="invoice", help="shipped schema name or a JSON Schema path")
     p.add_argument("--max-side", type=int, default=1288, help="cap on a page image's longest side, px")
     p.add_argument("--dpi", type=float, default=150.0)

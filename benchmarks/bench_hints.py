@@ -15,6 +15,7 @@ import argparse
 import hashlib
 import io
 import json
+import os
 import resource
 import sys
 import time
@@ -81,7 +82,7 @@ def timed_ocr(image: bytes, s: OcrSettings) -> tuple[OcrResult, float]:
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--corpus", default=str(ROOT.parent / "shared" / "corpus"))
+    parser.add_argument("--corpus", default=os.environ.get("PAGEMILL_CORPUS") or str(ROOT.parent / "shared" / "corpus"))
     parser.add_argument("--max-pages", type=int, default=80)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)

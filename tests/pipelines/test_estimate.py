@@ -15,6 +15,7 @@ from pipelines import cli, sql
 from pipelines.estimate_scan import ScanSettings, scan_data, scan_object
 from schemas.records import DocumentRecord, ListedObject, PageImage
 from tests import docmaker
+from tests.conftest import CORPUS as SHARED_CORPUS
 from tests.conftest import vllm_available
 from tests.pipelines import cost_runs
 from transforms import budget
@@ -22,9 +23,21 @@ from transforms.intake import IntakeLimits
 from transforms.pages import RenderSettings, render_document
 
 REPO = Path(__file__).resolve().parents[2]
-CORPUS = REPO.parent / "shared" / "corpus" / "extraction_gt"
+CORPUS = SHARED_CORPUS / "extraction_gt"
 LIMITS = IntakeLimits(max_bytes=50 * 2**20, max_pages=5000, max_image_pixels=89_478_485)
 needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")
+
+
+def processor_image_tokens(width: int, height: int) -> int:
+    """The reference: image tokens from transformers' own Qwen2-VL image processor (the grid it makes for an
+    image of that size, 2x2 patches merged into one token), with the released checkpoints' pixel bounds."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    proc = Qwen2VLImageProcessorPil(min_pixels=3136, max_pixels=12845056, patch_size=14, merge_size=2,
+                                    temporal_patch_size=2)
+    out = proc(images=[Image.new("RGB", (width, height), "white")], return_tensors="np")
+    t, grid_h, grid_w = (int(x) for x in out["image_grid_thw"][0])
+    return t * grid_h * grid_w // 4
 
 
 def estimate_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
@@ -132,20 +145,34 @@ def test_counts_follow_intake_dedup_and_page_limits(tmp_path_factory: pytest.Tem
     assert p["failed_before_model"] == {"page_too_large": 1}
     assert p["to_model"] == 9 == sum(1 for x in r["per_page"] if x["status"] == "model")
     model = [x for x in r["per_page"] if x["status"] == "model"]
-    assert r["tokens"]["image"] == sum(budget.estimate_image_tokens("qwen2_vl", x["sent_width"], x["sent_height"])
-                                       for x in model)
-    assert r["tokens"]["image_at_high_detail"] == sum(budget.estimate_image_tokens("qwen2_vl", x["width"], x["height"])
-                                                      for x in model)
-    assert r["tokens"]["text"] == sum(x["text_tokens"] for x in model)
+    # Derived by hand, not with transforms.budget. At --max-side 800 an A4 page (595x842 pt) renders 566x800
+    # and the scan 470x620. --detail auto sends the 8 text-layer pages at --low-detail-side 640 (453x640)
+    # and the scan as rendered. Qwen2-VL rounds each side to a multiple of 28 px, one token per 28x28:
+    #   453x640 -> 448x644 -> 16x23 = 368 tokens;  566x800 -> 560x812 -> 20x29 = 580;  470x620 -> 476x616 ->
+    #   17x22 = 374.  Sent: 8 x 368 + 374 = 3318; at high detail: 8 x 580 + 374 = 5014.
+    assert sorted((x["sent_width"], x["sent_height"]) for x in model) == [(453, 640)] * 8 + [(470, 620)]
+    assert (r["tokens"]["image"], r["tokens"]["image_at_high_detail"]) == (3318, 5014)
+    assert [x["image_tokens"] for x in model].count(368) == 8
+    text = r["tokens"]["text"]
+    assert text == sum(x["text_tokens"] for x in model)
     assert r["tokens"]["output"] == 9 * 1024  # no --output: --max-tokens, the default
-    prices = budget.load_prices()
+    # Hosted prices by hand from each vendor's published rules and list prices (schemas/prices.json, read
+    # 2026-11-29), for the 9 pages as sent (8 at 453x640, the scan at 470x620):
+    # - gpt-4o: shortest side under 768, so 1x2 tiles of 512: 170 x 2 + 85 = 425 a page, 9 x 425 = 3825 tokens;
+    #   $2.50 in / $10.00 out per 1M tokens.
+    # - claude: w*h/750, rounded up: 289,920/750 -> 387, 291,400/750 -> 389: 8 x 387 + 389 = 3485; $3 / $15.
+    # - gemini: over 384 px, one 768x768 tile of 258: 9 x 258 = 2322; $0.30 / $2.50.
+    hand = {"gpt-4o": (3825, 2.50, 10.00), "claude-sonnet": (3485, 3.00, 15.00),
+            "gemini-2.5-flash": (2322, 0.30, 2.50)}
+    assert {h["provider"] for h in r["hosted"]} == set(hand)
     for h in r["hosted"]:
-        family = prices["providers"][h["provider"]]["image_family"]
-        image = sum(budget.estimate_image_tokens(family, x["sent_width"], x["sent_height"]) for x in model)
-        assert h["usd"] == pytest.approx(budget.api_cost_usd(h["provider"], image + r["tokens"]["text"],
-                                                             9 * 1024, prices))
+        image, usd_in, usd_out = hand[h["provider"]]
+        assert (h["image_tokens"], h["input_tokens"], h["output_tokens"]) == (image, image + text, 9216)
+        assert h["usd"] == pytest.approx(((image + text) * usd_in + 9216 * usd_out) / 1e6)
+    # The default throughput and price: 9 pages / 0.67 pages/s = 13.43 s = 0.003731 h at $2.50 = $0.009328.
     s = r["self_hosted"]
-    assert s["usd"] == pytest.approx(9 / s["pages_per_s"] / 3600 * 2.5)
+    assert (s["pages_per_s"], s["gpu_hourly_usd"]) == (0.67, 2.5)
+    assert s["usd"] == pytest.approx(0.009328, abs=1e-6)
     assert "NOT a measurement" in s["throughput_source"]
 
 
@@ -158,6 +185,7 @@ def test_over_budget_pages_shrink_or_fail(tmp_path: Path, capsys: pytest.Capture
     (page,) = r["per_page"]
     assert page["status"] == "model" and page["image_tokens"] <= 300 < text["image_tokens"]
     assert (page["sent_width"], page["sent_height"]) == budget.fit_to_token_budget(page["width"], page["height"], 300)
+    assert processor_image_tokens(page["sent_width"], page["sent_height"]) == page["image_tokens"] <= 300
     r = estimate_json(capsys, "--input", str(tmp_path), "--per-page", "--max-model-len", "1000")
     assert r["pages"]["failed_before_model"] == {"over_token_budget": 1}
 
@@ -177,7 +205,7 @@ def test_detail_follows_the_hints_stage(tmp_path: Path, capsys: pytest.CaptureFi
             image = Image.new("RGB", (p["width"], p["height"]))  # the page as rendered, then as extract sends it
             sent = detail.resize_for_detail(image, 500).size if name in low_names else image.size
             assert (p["sent_width"], p["sent_height"]) == sent, (mode, name)
-            assert p["image_tokens"] == budget.estimate_image_tokens("qwen2_vl", *sent)
+            assert p["image_tokens"] == processor_image_tokens(*sent)
             assert p["high_detail_image_tokens"] == full[name]["image_tokens"]
         assert r["tokens"]["image"] < r["tokens"]["image_at_high_detail"]
 

@@ -1,6 +1,6 @@
-"""The hostile corpus (/work/shared/corpus/hostile: fuzzed, broken, encrypted and bomb PDFs and images) through
-a render-only run. Every file must come out as exactly one `documents` row with an outcome from the vocabulary,
-and the run must neither crash nor hang.
+"""The hostile corpus (`../shared/corpus/hostile` beside the repository, or `$PAGEMILL_CORPUS/hostile`: fuzzed,
+broken, encrypted and bomb PDFs and images) through a render-only run. Every file must come out as exactly one
+`documents` row with an outcome from the vocabulary, and the run must neither crash nor hang.
 
 What is counted: every file on disk under the folder, because that is what `pagemill run --input FOLDER`
 lists, LICENSE and README files included (they are objects in the bucket too, and must be rejected, not
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 import sys
 import time
@@ -27,15 +26,16 @@ import pytest
 
 from pipelines import sql
 from schemas.records import OUTCOMES, PAGE_STATUSES, REASON_CODES
+from tests.conftest import CORPUS
 from tests.pipelines.raw import one_row_per, raw_rows
 
-CORPUS = Path(os.environ.get("PAGEMILL_CORPUS", "/work/shared/corpus"))
 HOSTILE = CORPUS / "hostile"
 REPO = Path(__file__).resolve().parents[2]
 LIMIT_S = 600  # measured: about 15-25 s on 2 cores for 354 files; the limit only catches hangs
 SUPPORTED_IMAGES = {"PNG", "JPEG", "GIF", "BMP", "TIFF", "WEBP"}
 
-pytestmark = pytest.mark.skipif(not HOSTILE.is_dir(), reason=f"{HOSTILE} is absent (a clean clone has no corpus)")
+pytestmark = pytest.mark.skipif(not HOSTILE.is_dir(),
+                                reason=f"{HOSTILE} is absent (set PAGEMILL_CORPUS, or lay shared/ beside the clone)")
 
 
 def _files_on_disk() -> set[str]:

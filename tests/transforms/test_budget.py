@@ -262,8 +262,9 @@ def test_prices_table() -> None:
     assert api_cost_usd("gpt-4o", 1_000_000, 1_000_000, prices) == pytest.approx(12.50)
     assert api_cost_usd("claude-sonnet", 1_000_000, 0, prices) == pytest.approx(3.00)
     assert api_cost_usd("gemini-2.5-flash", 0, 1_000_000, prices) == pytest.approx(2.50)
-    # One Qwen-sized page through GPT-4o: 765 image tokens + 200 text in, 300 out.
-    assert api_cost_usd("gpt-4o", 965, 300, prices) == pytest.approx((965 * 2.5 + 300 * 10) / 1e6)
+    # One Qwen-sized page through GPT-4o: 765 image tokens + 200 text in, 300 out, at $2.50 / $10.00 per 1M
+    # tokens: 965 x 2.5e-6 = $0.0024125 in, 300 x 1e-5 = $0.003 out, $0.0054125 in all.
+    assert api_cost_usd("gpt-4o", 965, 300, prices) == pytest.approx(0.0054125)
     with pytest.raises(ValueError, match="unknown provider"):
         api_cost_usd("gpt-9", 1, 1, prices)
     with pytest.raises(ValueError):
@@ -277,5 +278,52 @@ def test_load_prices_from_path(tmp_path: Path) -> None:
     prices = load_prices(f)
     assert math.isclose(api_cost_usd("a", 2_000_000, 500_000, prices), 3.0)
     f.write_text("{}")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^price table has no 'providers' object$"):
         load_prices(f)
+    f.write_text('{"providers": []}')
+    with pytest.raises(ValueError, match="no 'providers' object"):
+        load_prices(f)
+    f.write_text(json.dumps(table))
+    assert load_prices(str(f))["read_on"] == "x"  # a str path as well as a Path
+
+
+def test_boundaries_by_hand() -> None:
+    """Sizes at the edges of each published rule, derived by hand."""
+    # GPT-4o: 513x100 is not scaled (long side under 2048, short side under 768): 2x1 tiles of 512 -> 2*170+85.
+    assert gpt4o_image_tokens(513, 100) == 425
+    assert gpt4o_image_tokens(512, 100) == 255
+    # Gemini tiles only when a side is over 384: 1000x100 -> ceil(1000/768)=2 x 1 tiles of 258; 769 px -> 2 tiles.
+    assert gemini_image_tokens(1000, 100) == 516
+    assert gemini_image_tokens(769, 100) == 516
+    assert gemini_image_tokens(768, 385) == 258
+    # Claude: 15680x5 scales by 1568/15680 = 0.1 -> 1568 x 0.5, and no side goes below 1 px.
+    assert claude_resized_size(15680, 5) == (1568, 1)
+    assert claude_image_tokens(15680, 5) == 3  # ceil(1568 / 750)
+
+
+def test_errors_name_the_choices() -> None:
+    prices = load_prices()
+    with pytest.raises(ValueError, match=r"^unknown model family 'gpt-5'; known: qwen2_vl, qwen2_5_vl, gpt-4o, "
+                                         r"claude, gemini, llama-3\.2-vision$"):
+        estimate_image_tokens("gpt-5", 10, 10)
+    with pytest.raises(ValueError, match=r"^unknown provider 'gpt-9'; known: gpt-4o, claude-sonnet, "
+                                         r"gemini-2\.5-flash$"):
+        api_cost_usd("gpt-9", 1, 1, prices)
+    with pytest.raises(ValueError, match=r"^token counts must be >= 0$"):
+        api_cost_usd("gpt-4o", 1, -1, prices)
+    with pytest.raises(ValueError, match=r"^image size must be positive, got 0x5$"):
+        gpt4o_image_tokens(0, 5)
+    with pytest.raises(ValueError, match=r"^detail must be 'low', 'high' or 'auto', got 'medium'$"):
+        gpt4o_image_tokens(10, 10, detail="medium")
+    # List prices are exact: $2.50 + $10.00 for a million tokens each way.
+    assert api_cost_usd("gpt-4o", 1_000_000, 1_000_000, prices) == 12.5
+    assert api_cost_usd("gpt-4o", 0, 0, prices) == 0
+
+
+def test_batch_limits_of_one_and_negative_sizes() -> None:
+    assert list(batch_by_tokens([1, 1], lambda x: x, 1, 1)) == [[1], [1]]
+    assert list(batch_by_tokens([0, 0, 0], lambda x: x, 1, 2)) == [[0, 0], [0]]
+    with pytest.raises(ValueError, match=r"^size_of returned a negative size: -1$"):
+        list(batch_by_tokens([1, -1], lambda x: x, 10, 10))
+    with pytest.raises(ValueError, match=r"^max_batch_tokens and max_batch_items must be >= 1$"):
+        list(batch_by_tokens([1], lambda x: x, 0, 1))

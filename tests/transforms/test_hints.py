@@ -14,11 +14,11 @@ from PIL import Image
 
 from schemas.records import DocumentRecord, PageImage
 from tests import docmaker
+from tests.conftest import CORPUS
 from transforms.hints import HintSettings, apply_hint, choose_hint
 from transforms.ocr import OcrResult, OcrSettings, available_languages, parse_tsv, run_tesseract, words_to_text
 from transforms.pages import RenderSettings, render_document
 
-CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus"
 PHOTOTEST = CORPUS / "ocr_scans/tesseract-ocr__test/testing/phototest.tif"
 SETTINGS = RenderSettings(dpi=150, max_side=1288, jpeg_quality=90, max_text_chars=20000, max_page_points=14400,
                           max_image_pixels=89_478_485, max_bytes=2**26)
@@ -152,10 +152,15 @@ def test_tesseract_gets_one_thread_in_its_own_environment_only(tmp_path: Path) -
 
 def test_tesseract_timeout_and_failure_are_results(tmp_path: Path) -> None:
     slow = tmp_path / "tesseract"
-    slow.write_text("#!/bin/sh\nsleep 5\n")
+    pid_file = tmp_path / "pid"
+    # exec: the sleeping process is the one run_tesseract started, so its pid is the one to check.
+    slow.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 600\n")
     slow.chmod(slow.stat().st_mode | stat.S_IEXEC)
     result = run_tesseract(b"x", OcrSettings(timeout_s=0.2), binary=str(slow))
-    assert result.status == "timeout" and result.seconds < 3
+    assert result.status == "timeout" and result.error == "tesseract ran past 0.2 s"
+    # Not waited out: the process was killed (and reaped), so no pid of it is left.
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)
     missing = run_tesseract(b"x", OcrSettings(), binary=str(tmp_path / "nope"))
     assert missing.status == "failed"
 

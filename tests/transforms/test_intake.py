@@ -12,7 +12,21 @@ from PIL import Image
 from schemas.records import REASON_CODES, DocumentRecord, DocumentRow, ListedObject
 from tests import docmaker
 from transforms.formats import sniff_format
-from transforms.intake import MISSING, IntakeLimits, expand_input, inspect_document, reject, size_gate
+from transforms.intake import (
+    MISSING,
+    REJECTED,
+    IntakeDoFn,
+    IntakeLimits,
+    ListObjects,
+    _missing,
+    expand_input,
+    in_window,
+    inspect_document,
+    read_capped,
+    reject,
+    size_gate,
+    to_listed,
+)
 
 LIMITS = IntakeLimits(max_bytes=50 * 2**20, max_pages=5000, max_image_pixels=89_478_485)
 
@@ -312,3 +326,109 @@ def test_a_file_named_on_its_own_is_followed(tmp_path: Path) -> None:
     folder = _tree(tmp_path)
     (listed,) = match_pattern(str(folder / "link.pdf"))  # named explicitly: the caller chose it
     assert listed.size == len((tmp_path / "out" / "secret.pdf").read_bytes())
+
+
+# --- listing and the intake DoFn ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("modified", "since", "until", "taken"), [
+    (None, 100.0, 200.0, True),  # an unknown time is always taken
+    (100.0, 100.0, 200.0, True),  # since is inclusive
+    (99.9, 100.0, 200.0, False),
+    (199.9, 100.0, 200.0, True),
+    (200.0, 100.0, 200.0, False),  # until is exclusive: back-to-back windows take each object once
+    (5.0, None, 200.0, True), (500.0, 100.0, None, True), (5.0, 100.0, None, False), (500.0, None, 200.0, False),
+    (5.0, None, None, True)])
+def test_in_window(modified: float | None, since: float | None, until: float | None, taken: bool) -> None:
+    assert in_window(ListedObject("s3://b/k.pdf", 10, modified), since, until) is taken
+
+
+def test_to_listed_and_read_capped(tmp_path: Path) -> None:
+    from apache_beam.io.filesystem import FileMetadata
+
+    meta = FileMetadata(str(tmp_path / "a.pdf"), 1234, last_updated_in_seconds=17.5)
+    assert to_listed(meta) == ListedObject(str(tmp_path / "a.pdf"), 1234, 17.5)
+    path = tmp_path / "ten.bin"
+    path.write_bytes(b"0123456789")
+    assert read_capped(str(path), 4) == b"01234"  # limit + 1: enough to tell "over the limit"
+    assert read_capped(str(path), 100) == b"0123456789"
+
+
+def test_missing_literal_uris_are_listed_as_missing(tmp_path: Path) -> None:
+    (tmp_path / "here.pdf").write_bytes(b"x")
+    assert list(_missing(str(tmp_path / "here.pdf"))) == []
+    assert list(_missing(str(tmp_path / "gone.pdf"))) == [ListedObject(str(tmp_path / "gone.pdf"), MISSING)]
+    assert list(_missing("nosuchscheme://bucket/key.pdf")) == [ListedObject("nosuchscheme://bucket/key.pdf", MISSING)]
+
+
+def test_intake_dofn_accepts_rejects_and_survives_read_errors(tmp_path: Path) -> None:
+    from apache_beam.pvalue import TaggedOutput
+
+    good, empty = tmp_path / "good.pdf", tmp_path / "notes.txt"
+    good.write_bytes(docmaker.invoice_pdf())
+    empty.write_bytes(b"plain text")
+    fn = IntakeDoFn(LIMITS)
+
+    def run(obj: ListedObject) -> object:
+        (out,) = list(fn.process(obj))
+        return out
+
+    accepted = run(ListedObject(str(good), good.stat().st_size))
+    assert isinstance(accepted, DocumentRecord) and accepted.page_count == 1
+    for obj, reason in ((ListedObject(str(empty), 10), "unsupported_format"),
+                        (ListedObject(str(tmp_path / "x.pdf"), LIMITS.max_bytes + 1), "too_large"),
+                        (ListedObject(str(tmp_path / "vanished.pdf"), 10), "unreadable")):
+        out = run(obj)
+        assert isinstance(out, TaggedOutput) and out.tag == REJECTED, obj
+        assert isinstance(out.value, DocumentRow) and out.value.reason_code == reason, (obj, out.value)
+    assert "read failed: " in (run(ListedObject(str(tmp_path / "vanished.pdf"), 10)).value.message or "")
+
+
+def test_list_objects_lists_each_object_once_and_reports_missing_names(tmp_path: Path) -> None:
+    import os
+
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    (tmp_path / "sub").mkdir()
+    for name, mtime in (("a.pdf", 100), ("sub/b.png", 150), ("sub/c.pdf", 300)):
+        (tmp_path / name).write_bytes(b"1234")
+        os.utime(tmp_path / name, (mtime, mtime))
+    patterns = [str(tmp_path), str(tmp_path / "a.pdf"), str(tmp_path / "sub" / "*.png"), str(tmp_path / "gone.pdf")]
+    with BeamPipeline() as p:
+        got = p | ListObjects(patterns) | beam.Map(lambda o: (Path(o.uri).name, o.size))
+        assert_that(got, equal_to([("a.pdf", 4), ("b.png", 4), ("c.pdf", 4), ("gone.pdf", MISSING)]))
+    with BeamPipeline() as p:
+        got = p | ListObjects([str(tmp_path)], modified_since=100, modified_until=300) | beam.Map(
+            lambda o: Path(o.uri).name)
+        assert_that(got, equal_to(["a.pdf", "b.png"]))
+
+
+def test_reject_messages_say_what_happened() -> None:
+    """The message is what a person reads in the `documents` row: each reason's wording, exactly."""
+    obj = ListedObject("s3://b/x", 10)
+    cases = [(docmaker.encrypted_pdf(), "encrypted", "the PDF is password protected"),
+             (b"hello world", "unsupported_format", "magic bytes match no supported PDF or image format"),
+             (docmaker.truncated_pdf(), "unreadable", "pdf: PdfiumError: Failed to load document (PDFium: Data "
+                                                      "format error)."),
+             (docmaker.billion_pages_pdf(count=1_000_000), "too_many_pages", "1,000,000 pages is over the limit "
+                                                                             "of 5,000"),
+             (b"", "empty", "the object has zero bytes")]
+    for data, reason, message in cases:
+        row = inspect_document(obj, data, LIMITS)
+        assert isinstance(row, DocumentRow) and (row.reason_code, row.message) == (reason, message), row
+        assert row.source_uri == "s3://b/x" and row.outcome == "rejected"
+    assert size_gate(ListedObject("s3://b/x", MISSING), LIMITS).message == \
+        "the object was listed by name but does not exist"  # type: ignore[union-attr]
+    assert size_gate(ListedObject("s3://b/x", 0), LIMITS).message == "the object has zero bytes"  # type: ignore[union-attr]
+
+
+def test_data_of_exactly_max_bytes_is_accepted() -> None:
+    data = docmaker.invoice_pdf()
+    limits = IntakeLimits(max_bytes=len(data), max_pages=5, max_image_pixels=LIMITS.max_image_pixels)
+    assert isinstance(inspect_document(ListedObject("u", len(data)), data, limits), DocumentRecord)
+    small = IntakeLimits(max_bytes=len(data) - 1, max_pages=5, max_image_pixels=LIMITS.max_image_pixels)
+    row = inspect_document(ListedObject("u", len(data)), data, small)
+    assert isinstance(row, DocumentRow) and row.reason_code == "too_large"
+    assert row.message == f"read more than {len(data) - 1:,} bytes"

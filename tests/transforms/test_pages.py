@@ -399,3 +399,43 @@ def test_thin_strip_is_padded_to_a_ratio_vision_models_accept() -> None:
     strip = normalise(Image.new("RGB", (3000, 5), (0, 0, 0)), 1288)
     assert strip.width == 1288 and strip.width / strip.height <= MAX_ASPECT
     assert strip.getpixel((10, 0)) == (0, 0, 0) and strip.getpixel((10, strip.height - 1)) == (255, 255, 255)
+
+
+# --- RenderPagesDoFn ------------------------------------------------------------------------------
+
+def test_render_dofn_reads_the_object_and_splits_pages_from_failures(tmp_path) -> None:
+    from apache_beam.pvalue import TaggedOutput
+
+    from transforms.pages import FAILED_PAGES, RenderPagesDoFn
+
+    fn = RenderPagesDoFn(SETTINGS)
+    good = tmp_path / "three.pdf"
+    good.write_bytes(docmaker.multipage_pdf(3))
+    sha = hashlib.sha256(good.read_bytes()).hexdigest()
+    out = list(fn.process(DocumentRecord(str(good), good.stat().st_size, sha, "pdf", 3)))
+    assert [p.page_index for p in out if isinstance(p, PageImage)] == [0, 1, 2]
+    assert all(p.source_uri == str(good) for p in out)
+    wide = tmp_path / "wide.pdf"
+    wide.write_bytes(docmaker.text_pdf([["A banner"]], page_size=(20000, 842)))
+    sha = hashlib.sha256(wide.read_bytes()).hexdigest()
+    (failed,) = list(fn.process(DocumentRecord(str(wide), wide.stat().st_size, sha, "pdf", 1)))
+    assert isinstance(failed, TaggedOutput) and failed.tag == FAILED_PAGES
+    assert (failed.value.status, failed.value.reason_code, failed.value.page_index) == ("failed", "page_too_large", 0)
+    # The object vanished between intake and rendering: every page fails as unreadable, none is lost.
+    gone = list(fn.process(DocumentRecord(str(tmp_path / "gone.pdf"), 10, "c" * 64, "pdf", 2)))
+    assert [(o.tag, o.value.page_index, o.value.status, o.value.reason_code) for o in gone] == [
+        (FAILED_PAGES, 0, "failed", "unreadable"), (FAILED_PAGES, 1, "failed", "unreadable")]
+    assert all(o.value.doc_sha256 == "c" * 64 and o.value.source_uri.endswith("gone.pdf") for o in gone)
+
+
+def test_a_document_that_cannot_be_opened_fails_every_page_with_the_error() -> None:
+    data = docmaker.truncated_pdf()
+    doc = DocumentRecord("s3://b/t.pdf", len(data), hashlib.sha256(data).hexdigest(), "pdf", 2)
+    rows = list(render_document(doc, data, SETTINGS))
+    assert [(r.page_index, r.status, r.reason_code, r.message) for r in rows] == [
+        (i, "failed", "render_failed", "PdfiumError: Failed to load document (PDFium: Data format error).")
+        for i in (0, 1)]
+    assert all(isinstance(r, PageRow) and (r.source_uri, r.doc_sha256) == (doc.uri, doc.doc_sha256) for r in rows)
+    changed = DocumentRecord("s3://b/t.pdf", len(data), "0" * 64, "pdf", 2)
+    assert [(r.page_index, r.reason_code, r.message) for r in render_document(changed, data, SETTINGS)] == [
+        (i, "changed_during_run", "the object's bytes changed after intake") for i in (0, 1)]

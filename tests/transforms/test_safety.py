@@ -13,6 +13,7 @@ from PIL import Image, ImageDraw, ImageFilter
 
 from schemas.records import DocumentRecord, PageImage
 from tests import docmaker
+from tests.conftest import CORPUS
 from transforms.blocklist import (
     BlocklistError,
     hamming,
@@ -35,10 +36,16 @@ from transforms.safety import (
     screen_page,
 )
 
-CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus"
 # A 200x200 grey radial gradient from Pillow's test suite: harmless, yet NudeNet gives it a real
-# BUTTOCKS_EXPOSED score of about 0.29, which makes it a good probe for the threshold.
+# BUTTOCKS_EXPOSED score, which makes it a good probe for the threshold.
 GRADIENT = CORPUS / "hostile/python-pillow__Pillow/Tests/images/exif-dpi-zerodivision.jpg"
+# NudeNet scores measured on 2026-12-01 with nudenet 3.4.2, onnxruntime 1.32.0, opencv-python-headless 5.0.0.93,
+# Pillow 12.3.0 and numpy 2.3.5 (x86-64 CPU). Scores drift between versions and CPUs (an earlier build gave the
+# generated gradient 0.16), so thresholds are tested NSFW_MARGIN away from the measured score, and a score
+# outside that band fails with a message to re-measure rather than as a confusing threshold failure.
+NUDENET_MEASURED = {"receipt": 0.0007, "gradient": 0.243, "corpus_gradient": 0.292}
+NSFW_MARGIN = 0.08
+NUDENET_VERSIONS = "nudenet 3.4.2, onnxruntime 1.32.0, opencv-python-headless 5.0.0.93, Pillow 12.3.0"
 SETTINGS = RenderSettings(dpi=100, max_side=1000, jpeg_quality=90, max_text_chars=5000, max_page_points=14400,
                           max_image_pixels=89_478_485, max_bytes=2**26)
 
@@ -203,7 +210,8 @@ def test_nudenet_loads_from_the_wheel_and_scores_in_range() -> None:
     clf = load_classifier("nudenet")
     assert isinstance(clf, NudeNetClassifier)
     score, label = clf.score(Image.open(io.BytesIO(docmaker.scanned_png())))
-    assert 0.0 <= score < 0.05 and label in NudeNetClassifier.UNSAFE  # a receipt is nowhere near
+    # A receipt is nowhere near any threshold (measured 0.0007 with NUDENET_VERSIONS).
+    assert 0.0 <= score < NUDENET_MEASURED["receipt"] + NSFW_MARGIN and label in NudeNetClassifier.UNSAFE
     assert load_classifier("none") is None
     with pytest.raises(ValueError, match="module:factory"):
         load_classifier("not-a-spec")
@@ -222,9 +230,12 @@ def test_nsfw_threshold_is_honoured_around_a_real_score() -> None:
     clf = NudeNetClassifier()
     page = page_of(encode(_gradient()))
     score, _ = clf.score(Image.open(io.BytesIO(page.image)))
-    assert 0.05 < score < 0.5, score  # measured 0.16: a real score, not a zero
+    measured = NUDENET_MEASURED["gradient"]
+    assert abs(score - measured) < NSFW_MARGIN, \
+        f"NudeNet scored the gradient {score:.3f}, measured {measured} with {NUDENET_VERSIONS}: re-measure"
     checks = load_checks(SafetyConfig(nsfw_classifier="none"))
-    for threshold, quarantined in ((score - 0.02, True), (score, True), (score + 0.02, False)):
+    # At the score itself the page is quarantined (score >= threshold); a margin either side decides clearly.
+    for threshold, quarantined in ((score - NSFW_MARGIN, True), (score, True), (score + NSFW_MARGIN, False)):
         cfg_checks = Checks(checks.lists, checks.blocklist, [ClassifierCheck(clf, threshold)])
         _, verdict = screen_page(page, cfg_checks, low_side=0)
         assert (verdict is not None) == quarantined, (threshold, score)
@@ -237,7 +248,12 @@ def test_nsfw_threshold_is_honoured_around_a_real_score() -> None:
 @pytest.mark.skipif(not GRADIENT.exists(), reason="../shared/corpus is absent")
 def test_nsfw_threshold_on_a_corpus_image() -> None:
     page = page_of(GRADIENT.read_bytes(), fmt="jpeg")
-    for threshold, quarantined in ((0.25, True), (0.35, False)):
+    score, _ = NudeNetClassifier().score(Image.open(io.BytesIO(page.image)))
+    measured = NUDENET_MEASURED["corpus_gradient"]
+    assert abs(score - measured) < NSFW_MARGIN / 2, \
+        f"NudeNet scored {GRADIENT.name} {score:.3f}, measured {measured} with {NUDENET_VERSIONS}: re-measure"
+    # Fixed thresholds a full margin either side of the measured score: 0.212 quarantines, 0.372 passes.
+    for threshold, quarantined in ((measured - NSFW_MARGIN, True), (measured + NSFW_MARGIN, False)):
         checks = load_checks(SafetyConfig(nsfw_classifier="nudenet", nsfw_threshold=threshold))
         _, verdict = screen_page(page, checks, low_side=0)
         assert (verdict is not None and verdict.reason_code == "blocked_nsfw") == quarantined, threshold
