@@ -1,7 +1,7 @@
 """build_pipeline(p, opts, run): the graph of DESIGN.md, stage by stage, and nothing else."""
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import apache_beam as beam
@@ -11,7 +11,7 @@ from schemas.records import PageImage, PageRow
 from transforms.cache import CACHED, ReadEarlierPages, SkipCachedDocuments, SkipDoneDocuments
 from transforms.dedup import DUPLICATES, DedupDocuments
 from transforms.engine import Engine, EngineSettings
-from transforms.extract import ExtractConfig, ExtractPages  # vLLM itself is imported by the worker only
+from transforms.extract import EngineFactory, ExtractConfig, ExtractPages  # vLLM is imported by workers only
 from transforms.hints import HintsDoFn, HintSettings, Ocr
 from transforms.intake import REJECTED, IntakeDoFn, IntakeLimits, ListObjects
 from transforms.ocr import OcrSettings
@@ -42,7 +42,7 @@ def rendered_only(page: PageImage) -> PageRow:
 
 def extract_pages(pages: beam.PCollection, o: PagemillOptions, cfg: ExtractConfig | None,
                   earlier: beam.PCollection,
-                  engine_factory: Callable[[EngineSettings], Engine] = Engine) -> beam.PCollection:
+                  engine_factory: EngineFactory = Engine) -> beam.PCollection:
     """PageImage -> PageRow. The model stage plugs in here; `cfg` is None in a render-only run."""
     if cfg is None:
         return pages | "RenderedOnly" >> beam.Map(rendered_only)
@@ -77,7 +77,7 @@ def extract_config(o: PagemillOptions) -> ExtractConfig:
     return ExtractConfig(schema=load_schema(o.schema), tenant=o.tenant, model=o.model, model_revision=o.model_revision,
                          render_key=render_key(o), model_family=o.model_family,
                          max_model_len=o.max_model_len, max_tokens=o.max_tokens, max_attempts=o.max_attempts,
-                         max_hint_chars=o.max_hint_chars, batch_tokens=o.batch_tokens,
+                         max_hint_chars=o.max_hint_chars, max_in_flight=o.max_in_flight,
                          gpu_hourly_usd=o.gpu_hourly_usd, api_price=o.api_price, prices=load_prices())
 
 
@@ -95,7 +95,7 @@ def hints_key(o: PagemillOptions) -> str:
 def build_pipeline(p: beam.Pipeline, o: PagemillOptions, run: Mapping[str, Any],
                    earlier_files: Sequence[str] = (), done_files: Sequence[str] = (),
                    modified_since: float | None = None, modified_until: float | None = None, *,
-                   engine_factory: Callable[[EngineSettings], Engine] = Engine, ocr: Ocr | None = None) -> None:
+                   engine_factory: EngineFactory = Engine, ocr: Ocr | None = None) -> None:
     """`earlier_files`: `pages` files under the output root (the result cache; empty with --force);
     `done_files`: this run id's `documents` files when resuming. `engine_factory` and `ocr` replace
     the vLLM engine and Tesseract (tests put probes there)."""
