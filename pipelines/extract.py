@@ -46,7 +46,22 @@ def extract_pages(pages: beam.PCollection, o: PagemillOptions, cfg: ExtractConfi
     """PageImage -> PageRow. The model stage plugs in here; `cfg` is None in a render-only run."""
     if cfg is None:
         return pages | "RenderedOnly" >> beam.Map(rendered_only)
-    return pages | "Extract" >> ExtractPages(engine_settings(o), cfg, engine_factory, earlier=earlier)
+    settings = engine_settings(o)
+    if engine_factory is Engine and settings.service_dir:
+        from transforms.engine_remote import RemoteEngine
+
+        engine_factory = RemoteEngine
+    return pages | "Extract" >> ExtractPages(settings, cfg, engine_factory, earlier=earlier)
+
+
+def machine_engine(o: PagemillOptions) -> bool:
+    """One engine per machine (a service process) rather than one per worker process."""
+    if o.engine_service != "auto":
+        return o.engine_service == "machine"
+    from apache_beam.options.pipeline_options import DirectOptions
+
+    direct = o.view_as(DirectOptions)
+    return direct.direct_running_mode == "multi_processing" and direct.direct_num_workers != 1
 
 
 def safety_config(o: PagemillOptions) -> SafetyConfig:
@@ -64,10 +79,17 @@ def hint_settings(o: PagemillOptions) -> HintSettings:
 
 
 def engine_settings(o: PagemillOptions) -> EngineSettings:
-    return EngineSettings(model=o.model, model_revision=o.model_revision, max_model_len=o.max_model_len,
-                          max_num_seqs=o.max_num_seqs, gpu_memory_utilization=o.gpu_memory_utilization,
-                          tensor_parallel_size=o.tensor_parallel_size, limit_mm_per_prompt=o.limit_mm_per_prompt,
-                          kv_cache_gib=o.kv_cache_gib, enforce_eager=o.enforce_eager, in_process=o.engine_in_process)
+    s = EngineSettings(model=o.model, model_revision=o.model_revision, max_model_len=o.max_model_len,
+                       max_num_seqs=o.max_num_seqs, gpu_memory_utilization=o.gpu_memory_utilization,
+                       tensor_parallel_size=o.tensor_parallel_size, limit_mm_per_prompt=o.limit_mm_per_prompt,
+                       kv_cache_gib=o.kv_cache_gib, enforce_eager=o.enforce_eager, in_process=o.engine_in_process)
+    if not machine_engine(o):
+        return s
+    from dataclasses import replace
+
+    from transforms.engine_remote import service_dir
+
+    return replace(s, service_dir=o.engine_service_dir or service_dir(o.run_id or "", s))
 
 
 def extract_config(o: PagemillOptions) -> ExtractConfig:

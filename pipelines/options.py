@@ -71,6 +71,11 @@ class PagemillOptions(PipelineOptions):
         _flag(parser, "enforce_eager", type=_bool, default=False, help="skip CUDA graphs / torch.compile")
         _flag(parser, "engine_in_process", type=_bool, default=None,
               help="run vLLM's engine core in the worker process (default: yes on CPU, no on GPU)")
+        _flag(parser, "engine_service", default="auto", choices=["auto", "process", "machine"],
+              help="one engine per worker process, or one per machine fed by every worker process "
+                   "(auto: machine with --direct_running_mode=multi_processing)")
+        _flag(parser, "engine_service_dir", default=None,
+              help="folder of the machine's engine service (default: run-scoped, under the temp dir)")
         _flag(parser, "max_hint_chars", type=int, default=4000, help="cap on the text hint in a prompt")
         # Safety gate (transforms/safety.py) and hints (transforms/hints.py).
         _flag(parser, "blocklist", action="append", default=None,

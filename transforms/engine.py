@@ -44,6 +44,9 @@ class EngineSettings:
     enforce_eager: bool
     # None: in-process on a CPU (2 s start, half the memory), vLLM's engine process on a GPU.
     in_process: bool | None = None
+    # Set: one engine for the machine, a service process in this folder that every worker process
+    # feeds (transforms/engine_remote.py). None: one engine per worker process.
+    service_dir: str | None = None
 
 
 def is_cpu_platform() -> bool:
@@ -81,6 +84,32 @@ def engine_kwargs(s: EngineSettings, cpu: bool) -> dict[str, Any]:
         if s.kv_cache_gib:
             kwargs["kv_cache_memory_bytes"] = int(s.kv_cache_gib * 2**30)
     return kwargs
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The fields of one vLLM CompletionOutput that the stage reads."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str | None = "stop"
+
+
+@dataclass(frozen=True)
+class EngineOutput:
+    """The fields of vLLM's RequestOutput that the stage reads (remote and simulated engines)."""
+
+    prompt_token_ids: list[int]
+    outputs: list[Sample]
+    finished: bool = True
+
+
+def image_token_id_of(tok: Any) -> int | None:
+    for name in ("<|image_pad|>", "<image>"):
+        token_id = tok.convert_tokens_to_ids(name)
+        if isinstance(token_id, int) and token_id != getattr(tok, "unk_token_id", None):
+            return token_id
+    return None
 
 
 @dataclass(frozen=True)
@@ -208,12 +237,7 @@ class Engine:
         return self._tokenizer
 
     def image_token_id(self) -> int | None:
-        tok = self.tokenizer()
-        for name in ("<|image_pad|>", "<image>"):
-            token_id = tok.convert_tokens_to_ids(name)
-            if isinstance(token_id, int) and token_id != getattr(tok, "unk_token_id", None):
-                return token_id
-        return None
+        return image_token_id_of(self.tokenizer())
 
     def submit(self, request: dict[str, Any], params: Any) -> Future[Completion]:
         """Queue one request; raises if the engine cannot start."""

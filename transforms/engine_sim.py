@@ -16,26 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from transforms import budget
-from transforms.engine import Completion
+from transforms.engine import Completion, EngineOutput, Sample
 
 IMAGE_TOKEN = 1
 PAGE_TEXT = '{"language": "en", "lines": ["simulated"], "tables": []}'
-
-
-@dataclass(frozen=True)
-class _Out:
-    text: str
-    token_ids: tuple[int, ...]
-    finish_reason: str = "stop"
-
-
-@dataclass(frozen=True)
-class SimOutput:
-    """The fields of vLLM's RequestOutput that the stage reads."""
-
-    prompt_token_ids: list[int]
-    outputs: list[_Out]
-    finished: bool = True
 
 
 class SimTokenizer:
@@ -66,7 +50,7 @@ class SimulatedEngine:
     submitted: int = 0
     busy_seconds: float = 0.0
     _queue: deque[tuple[dict[str, Any], Future[Completion]]] = field(default_factory=deque)
-    _running: list[tuple[float, int, Future[Completion], SimOutput]] = field(default_factory=list)
+    _running: list[tuple[float, int, Future[Completion], EngineOutput]] = field(default_factory=list)
     _cv: threading.Condition = field(default_factory=threading.Condition)
     _ids: Any = field(default_factory=itertools.count)
     _thread: threading.Thread | None = None
@@ -87,7 +71,7 @@ class SimulatedEngine:
         img = request["multi_modal_data"]["image"]
         prompt = [IMAGE_TOKEN] * budget.estimate_image_tokens("qwen2_vl", img.width, img.height)
         prompt += SimTokenizer().encode(request["prompt"])
-        out = SimOutput(prompt, [_Out(self.text, tuple(range(max(1, len(self.text) // 4))))])
+        out = EngineOutput(prompt, [Sample(self.text, tuple(range(max(1, len(self.text) // 4))))])
         future: Future[Completion] = Future()
         with self._cv:
             self.submitted += 1

@@ -164,7 +164,7 @@ class StreamExtractDoFn(beam.DoFn):
 
         def build() -> PageFeed:
             engine = self.engine_factory(self.engine)
-            cpu = _is_cpu() if isinstance(engine, Engine) else False
+            cpu = _is_cpu() if hasattr(engine, "settings") else False  # vLLM, here or remote
             return PageFeed(engine, self.cfg, in_flight_limit(self.cfg, self.engine, cpu))
 
         self._feed = self._shared.acquire(build)
