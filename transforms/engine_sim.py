@@ -100,3 +100,8 @@ class SimulatedEngine:
                 self.busy_seconds += self.seconds
             # One slot's full time is this request's share: a GPU's time at `slots` sequences at once.
             future.set_result(Completion(out, self.seconds / self.slots))
+
+
+def simulated(settings: Any, slots: int = 16, seconds: float = 0.5, text: str = PAGE_TEXT) -> SimulatedEngine:
+    """An engine factory (functools.partial it): the pipeline calls it with its EngineSettings."""
+    return SimulatedEngine(slots=slots, seconds=seconds, text=text)
