@@ -196,9 +196,13 @@ class Engine:
             # A local folder: nothing may reach for a hub.
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
         t0 = time.perf_counter()
-        self.llm = vllm.LLM(**engine_kwargs(self.settings, cpu))
+        self.llm = vllm.LLM(**self.llm_kwargs(cpu))
         self.starts += 1
         log.info("vLLM engine started in %.1f s (cpu=%s, start #%d)", time.perf_counter() - t0, cpu, self.starts)
+
+    def llm_kwargs(self, cpu: bool) -> dict[str, Any]:
+        """vllm.LLM's arguments (a benchmark adds load_format="dummy" here)."""
+        return engine_kwargs(self.settings, cpu)
 
     def close(self) -> None:
         """Shut the engine down; on a GPU its engine process must free its memory before a new one
