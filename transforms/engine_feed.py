@@ -141,7 +141,7 @@ class PageFeed:
             tokenizer = self.engine.tokenizer()
             self._image_id = self.engine.image_token_id()
         except Exception as err:  # noqa: BLE001 - an engine that cannot start fails its pages, not the run
-            log.error("engine could not start: %s: %s", type(err).__name__, err)
+            log.error("vLLM engine could not start: %s: %s", type(err).__name__, err)
             req = Request(None, 0, task.page.width, task.page.height)
             return self._finish(req, result, failed("engine_error", f"engine could not start: "
                                                                     f"{type(err).__name__}: {err}"))
