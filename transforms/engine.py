@@ -163,7 +163,7 @@ class Engine:
 
     def _started(self) -> Any:
         llm, loop = self.llm, self._loop_thread
-        if llm is not None and loop is not None and loop.is_alive():
+        if llm is not None and loop is not None and loop.is_alive() and not self._stopped.is_set():
             return llm  # running: no lock, which the loop holds while it steps
         with self.lock:
             return self._start_once()
@@ -179,9 +179,11 @@ class Engine:
                 self.start_error = err
                 raise
             self._tokenizer = self.llm.get_tokenizer()
-        if self._loop_thread is None or not self._loop_thread.is_alive():
-            self._stopped.clear()
-            self._loop_thread = threading.Thread(target=self._loop, name="pagemill-engine", daemon=True)
+        if self._loop_thread is None or not self._loop_thread.is_alive() or self._stopped.is_set():
+            # A stopped loop may still be finishing its last turn: the new one gets its own stop flag.
+            self._stopped = threading.Event()
+            self._loop_thread = threading.Thread(target=self._loop, args=(self._stopped,), name="pagemill-engine",
+                                                 daemon=True)
             self._loop_thread.start()
         return self.llm
 
@@ -265,10 +267,10 @@ class Engine:
         llm.llm_engine.add_request(request_id, engine_input, params)
         return request_id
 
-    def _loop(self) -> None:
+    def _loop(self, stopped: threading.Event) -> None:
         in_flight: dict[str, list[Any]] = {}  # request id -> [future, gpu seconds so far]
         generation = self.starts
-        while not self._stopped.is_set():
+        while not stopped.is_set():
             new = []
             try:
                 # Idle: wait for work. Busy: take what is queued without waiting, then step.
@@ -316,3 +318,5 @@ class Engine:
                 future.set_exception(err)
             for future, completion in finished:
                 future.set_result(completion)
+        for future, _ in in_flight.values():  # stopped with requests in it: they fail, never hang
+            future.set_exception(RuntimeError("engine was shut down"))

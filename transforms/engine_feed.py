@@ -121,8 +121,25 @@ class PageFeed:
             queue.SimpleQueue()
         self._params: dict[int, Any] = {}
         self._image_id: int | None = None
+        self._users = 0
         self._driver = threading.Thread(target=self._drive, name="pagemill-feed", daemon=True)
         self._driver.start()
+
+    def attach(self) -> None:
+        with self._lock:
+            self._users += 1
+
+    def detach(self) -> None:
+        """The last user gone: stop the engine (it starts again if the feed is used again)."""
+        with self._lock:
+            self._users -= 1
+            last = self._users == 0
+        stop = getattr(self.engine, "shutdown", None) or self.engine.close
+        if last:
+            try:
+                stop()
+            except Exception as err:  # noqa: BLE001 - best effort at the end of a run
+                log.warning("engine shutdown: %s: %s", type(err).__name__, err)
 
     def claim(self, key: str) -> tuple[Future[ExtractionResult], bool]:
         """The future of this key's result, and whether the caller is the first (and must `start` it)."""

@@ -168,6 +168,13 @@ class StreamExtractDoFn(beam.DoFn):
             return PageFeed(engine, self.cfg, in_flight_limit(self.cfg, self.engine, cpu))
 
         self._feed = self._shared.acquire(build)
+        self._feed.attach()
+
+    def teardown(self) -> None:
+        # The last DoFn instance of the process stops the engine, so a finished pipeline frees its memory.
+        feed = getattr(self, "_feed", None)
+        if feed is not None:
+            feed.detach()
 
     def start_bundle(self) -> None:
         self._pending: list[_Pending] = []
