@@ -17,6 +17,7 @@ import io
 import logging
 import queue
 import threading
+from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from transforms.extract import ExtractConfig
 
 log = logging.getLogger(__name__)
+MAX_KEYS = 100_000  # done keys remembered per process for dedup (a few KB each); in-flight keys always
 
 
 def sampling_params(schema: Any, max_tokens: int, attempt: int) -> Any:
@@ -115,7 +117,7 @@ class PageFeed:
         self.validator = SchemaValidator(cfg.schema)
         self.max_in_flight = max(1, max_in_flight)
         self.slots = threading.BoundedSemaphore(self.max_in_flight)
-        self._keys: dict[str, Future[ExtractionResult]] = {}
+        self._keys: OrderedDict[str, Future[ExtractionResult]] = OrderedDict()
         self._lock = threading.Lock()
         self._done: queue.SimpleQueue[tuple[Request, Future[ExtractionResult], Future[Completion]]] = \
             queue.SimpleQueue()
@@ -149,6 +151,10 @@ class PageFeed:
                 return found, False
             future: Future[ExtractionResult] = Future()
             self._keys[key] = future
+            # Bounded memory on long runs: forget the oldest finished keys (a later repeat of one is
+            # extracted again, and counted as a model call).
+            while len(self._keys) > MAX_KEYS and next(iter(self._keys.values())).done():
+                self._keys.popitem(last=False)
             return future, True
 
     def start(self, task: PageTask, result: Future[ExtractionResult]) -> None:
