@@ -62,7 +62,9 @@ class SimulatedEngine:
         return IMAGE_TOKEN
 
     def restart(self, seen: int | None = None) -> None:
-        self.starts += 1
+        with self._cv:
+            if seen is None or seen == self.starts:  # as Engine.restart: once per death
+                self.starts += 1
 
     def close(self) -> None:
         pass
