@@ -5,7 +5,9 @@ Two levels, both before any model call:
   configuration (model + revision, prompt, schema, decoding, tenant, render settings) is never
   rendered; its pages are written as `cached` copies of those rows.
 - pages: a rendered page whose cache key already has a reusable row is not extracted again.
-The lookups are Beam joins (CoGroupByKey), so they scale with the runner, not with driver memory.
+The document lookup is a Beam join (CoGroupByKey), so it scales with the runner, not with driver
+memory; the page lookup is a side input of earlier rows by cache key (transforms/extract.py), so no
+page image crosses a shuffle.
 Resuming a run: documents that already have a `documents` row in this run are not processed again.
 """
 from __future__ import annotations
