@@ -3,11 +3,11 @@
 Renders N pages (generated invoices and report pages from tests/docmaker.py, or pages taken from the PDFs
 and images under --input) with transforms.pages.render_document, keys them with transforms.extract.make_task
 (one page per cache key, as the pipeline does), starts a transforms.engine.Engine, extracts one warm-up page
-outside the timed part, then runs transforms.extract.extract_batch over the pages in batches of --batch-pages
-(default: one batch holding every page) and prints:
+outside the timed part, then streams the pages through transforms.engine_feed (the pipeline's feed: one
+request per page, at most --max-in-flight pages in flight) and prints:
 
   engine start seconds, pages, pages/s, prompt and output tokens/s (the engine's own token counts), the
-  engine busy fraction (seconds inside Engine.generate / extraction wall), ok/invalid/failed counts,
+  engine busy fraction (seconds inside engine steps / extraction wall), ok/invalid/failed counts,
   $ per 1M pages at --gpu-hourly-usd (extraction wall per page), and the hosted-API list price for the same
   pages (transforms.extract.to_rows's api_equivalent_usd) per 1M pages, with the ratio of the two.
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import json
 import math
 import os
@@ -42,23 +41,21 @@ if str(REPO) not in sys.path:
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from apache_beam.ml.inference.base import PredictionResult  # noqa: E402
-
 from schemas.extraction import load_schema  # noqa: E402
 from schemas.records import DocumentRecord, ExtractionResult, ListedObject, PageImage, PageTask  # noqa: E402
 from transforms import budget  # noqa: E402
 from transforms.engine import Engine, EngineSettings, is_cpu_platform  # noqa: E402
-from transforms.extract import ExtractConfig, extract_batch, make_task, to_rows  # noqa: E402
+from transforms.engine_feed import extract_all  # noqa: E402
+from transforms.extract import ExtractConfig, make_task, to_rows  # noqa: E402
 from transforms.intake import IntakeLimits, inspect_document  # noqa: E402
 from transforms.pages import RenderSettings, render_document  # noqa: E402
-from transforms.postfilter import SchemaValidator  # noqa: E402
 
 # The pipeline's defaults (pipelines/options.py) except max_side, which is a flag here.
 MAX_BYTES = 50 * 2**20
 LIMITS = IntakeLimits(max_bytes=MAX_BYTES, max_pages=5000, max_image_pixels=89_478_485)
 WARMUP_SEED = 90_000  # an invoice that is not among the measured pages
-JSON_KEYS = ("bench", "platform", "device", "model", "model_family", "schema", "input", "pages", "batches",
-             "batch_pages", "engine_start_s", "warmup_s", "render_s", "wall_s", "pages_per_s",
+JSON_KEYS = ("bench", "platform", "device", "model", "model_family", "schema", "input", "pages",
+             "max_in_flight", "engine_start_s", "warmup_s", "render_s", "wall_s", "pages_per_s",
              "prompt_tokens_per_s", "output_tokens_per_s", "image_tokens", "text_tokens", "output_tokens",
              "engine_s", "engine_calls", "engine_busy_fraction", "ok", "invalid", "failed", "reasons", "attempts",
              "gpu_hourly_usd", "usd_per_1m_pages", "api_price", "api_usd_per_1m_pages", "api_cost_ratio",
@@ -66,36 +63,15 @@ JSON_KEYS = ("bench", "platform", "device", "model", "model_family", "schema", "
 
 
 class TimedEngine(Engine):
-    """The real engine, counting the wall time and the number of its generate calls."""
+    """The real engine, counting the requests submitted to it."""
 
     def __init__(self, settings: EngineSettings) -> None:
-        self.engine_seconds = 0.0
-        self.generate_calls = 0
+        self.requests = 0
         super().__init__(settings)
 
-    def generate(self, requests: Sequence[dict[str, Any]], params: Sequence[Any]) -> tuple[list[Any], float]:
-        t0 = time.perf_counter()
-        try:
-            return super().generate(requests, params)
-        finally:  # a call that raised kept the engine busy too
-            self.engine_seconds += time.perf_counter() - t0
-            self.generate_calls += 1
-
-    def reset_counters(self) -> None:
-        self.engine_seconds = 0.0
-        self.generate_calls = 0
-
-    def close(self) -> None:
-        """Stop the engine (and its engine-core process on a GPU) so its memory is free for what follows."""
-        llm, self.llm = self.llm, None
-        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-        if core is not None:
-            try:
-                core.shutdown()
-            except Exception:  # noqa: BLE001 - best effort: the process is about to drop it anyway
-                pass
-        del llm
-        gc.collect()
+    def submit(self, request: dict[str, Any], params: Any) -> Any:
+        self.requests += 1
+        return super().submit(request, params)
 
 
 @dataclasses.dataclass
@@ -130,8 +106,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max-attempts", type=int, default=2)
     p.add_argument("--max-model-len", type=int, default=8192)
     p.add_argument("--max-hint-chars", type=int, default=4000)
-    p.add_argument("--batch-pages", type=int, default=None,
-                   help="pages per extract_batch (engine.generate) call; default: all in one")
+    p.add_argument("--max-in-flight", type=int, default=None,
+                   help="pages in flight at once; default twice max_num_seqs (the pipeline's default)")
     p.add_argument("--warmup", type=int, default=1, help="pages extracted before timing (not counted)")
     p.add_argument("--max-num-seqs", type=int, default=None, help="default 256 on a GPU, 16 on a CPU")
     p.add_argument("--kv-cache-gib", type=float, default=None,
@@ -146,8 +122,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.pages < 1:
         p.error("--pages must be >= 1")
-    if args.batch_pages is not None and args.batch_pages < 1:
-        p.error("--batch-pages must be >= 1")
+    if args.max_in_flight is not None and args.max_in_flight < 1:
+        p.error("--max-in-flight must be >= 1")
     return args
 
 
@@ -224,7 +200,7 @@ def tally(tasks: Sequence[PageTask], results: Sequence[ExtractionResult], engine
         f.text_tokens += r.text_tokens
         f.output_tokens += r.output_tokens
         # The ledger's own hosted-API figure for this page (its first row; copies cost nothing).
-        first = next(to_rows(PredictionResult(example=task, inference=r), engine, cfg))
+        first = next(to_rows((task, r), engine, cfg))
         f.api_usd += first.api_equivalent_usd
     return f
 
@@ -242,7 +218,7 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
                          model_revision=settings.model_revision,
                          render_key=f"dpi={args.dpi};max_side={args.max_side};jpeg=90",
                          model_family=args.model_family, max_model_len=args.max_model_len, max_tokens=args.max_tokens,
-                         max_attempts=args.max_attempts, max_hint_chars=args.max_hint_chars, batch_tokens=400_000,
+                         max_attempts=args.max_attempts, max_hint_chars=args.max_hint_chars,
                          gpu_hourly_usd=args.gpu_hourly_usd, api_price=args.api_price, prices=budget.load_prices())
     render = RenderSettings(dpi=args.dpi, max_side=args.max_side, jpeg_quality=90, max_text_chars=20_000,
                             max_page_points=14_400.0, max_image_pixels=LIMITS.max_image_pixels, max_bytes=MAX_BYTES)
@@ -266,23 +242,19 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
     engine = TimedEngine(settings)
     engine.tokenizer()  # the engine starts lazily: start it here so start-up is timed on its own
     engine_start_s = time.perf_counter() - t0
+    in_flight = args.max_in_flight or 2 * (min(settings.max_num_seqs, 16) if cpu else settings.max_num_seqs)
     try:
-        validator = SchemaValidator(cfg.schema)
         t0 = time.perf_counter()
         if warm:
-            extract_batch(engine, warm, cfg, validator)
+            extract_all(engine, warm, cfg, in_flight)
         warmup_s = time.perf_counter() - t0
-        engine.reset_counters()
-
-        size = args.batch_pages or len(tasks)
-        results: list[ExtractionResult] = []
+        busy0, calls0 = engine.busy_seconds, engine.requests
         t0 = time.perf_counter()
-        for i in range(0, len(tasks), size):
-            results += extract_batch(engine, tasks[i:i + size], cfg, validator)
+        results = extract_all(engine, tasks, cfg, in_flight)
         wall = time.perf_counter() - t0
-        engine_s, calls = engine.engine_seconds, engine.generate_calls
+        engine_s, calls = engine.busy_seconds - busy0, engine.requests - calls0
     finally:
-        engine.close()
+        engine.shutdown()
 
     f = tally(tasks, results, settings, cfg)
     usd_per_1m = wall / f.pages * 1e6 / 3600 * args.gpu_hourly_usd
@@ -290,7 +262,7 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
     return {
         "bench": "extract", "platform": "cpu" if cpu else "gpu", "device": device_name(cpu), "model": model,
         "model_family": args.model_family, "schema": cfg.schema.schema_id, "input": args.input or "generated",
-        "pages": f.pages, "batches": math.ceil(len(tasks) / size), "batch_pages": size,
+        "pages": f.pages, "max_in_flight": in_flight,
         "engine_start_s": round(engine_start_s, 3), "warmup_s": round(warmup_s, 3), "render_s": round(render_s, 3),
         "wall_s": round(wall, 3), "pages_per_s": round(f.pages / wall, 4),
         "prompt_tokens_per_s": round((f.image_tokens + f.text_tokens) / wall, 1),
@@ -316,7 +288,7 @@ def report(r: dict[str, Any]) -> str:
         f"{r['kv_cache_gib'] if r['kv_cache_gib'] is not None else 'vLLM default'} GiB",
         f"  engine start   {r['engine_start_s']:.1f} s (warm-up {r['warmup_s']:.1f} s, not timed; "
         f"rendering {r['render_s']:.1f} s, not timed)",
-        f"  pages          {n} in {r['batches']} batch(es) of <= {r['batch_pages']}: ok {r['ok']}, "
+        f"  pages          {n}, at most {r['max_in_flight']} in flight: ok {r['ok']}, "
         f"invalid {r['invalid']}, failed {r['failed']}" + (f" ({reasons})" if reasons else "")
         + f"; {r['attempts']} attempts",
         f"  extraction     {r['wall_s']:.2f} s wall: {r['pages_per_s']:.2f} pages/s, "
@@ -325,7 +297,7 @@ def report(r: dict[str, Any]) -> str:
         f"{r['text_tokens'] / n:.0f} text a page), output {r['output_tokens_per_s']:.0f}/s "
         f"({r['output_tokens'] / n:.0f} a page)",
         f"  engine busy    {100 * r['engine_busy_fraction']:.1f}% ({r['engine_s']:.2f} s in "
-        f"{r['engine_calls']} generate call(s))",
+        f"engine steps, {r['engine_calls']} requests)",
         f"  cost           ${r['usd_per_1m_pages']:,.2f} per 1M pages at ${r['gpu_hourly_usd']:.2f}/h",
         f"  hosted API     ${r['api_usd_per_1m_pages']:,.2f} per 1M pages at {r['api_price']} list price "
         f"(same pages and token counts): {r['api_cost_ratio']}x this run's cost",

@@ -1,7 +1,7 @@
 """build_pipeline(p, opts, run): the graph of DESIGN.md, stage by stage, and nothing else."""
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import apache_beam as beam
@@ -11,7 +11,7 @@ from schemas.records import PageImage, PageRow
 from transforms.cache import CACHED, ReadEarlierPages, SkipCachedDocuments, SkipDoneDocuments
 from transforms.dedup import DUPLICATES, DedupDocuments
 from transforms.engine import Engine, EngineSettings
-from transforms.extract import ExtractConfig, ExtractPages  # vLLM itself is imported by the worker only
+from transforms.extract import EngineFactory, ExtractConfig, ExtractPages  # vLLM is imported by workers only
 from transforms.hints import HintsDoFn, HintSettings, Ocr
 from transforms.intake import REJECTED, IntakeDoFn, IntakeLimits, ListObjects
 from transforms.ocr import OcrSettings
@@ -49,11 +49,26 @@ def rendered_only(page: PageImage) -> PageRow:
 
 def extract_pages(pages: beam.PCollection, o: PagemillOptions, cfg: ExtractConfig | None,
                   earlier: beam.PCollection,
-                  engine_factory: Callable[[EngineSettings], Engine] = Engine) -> beam.PCollection:
+                  engine_factory: EngineFactory = Engine) -> beam.PCollection:
     """PageImage -> PageRow. The model stage plugs in here; `cfg` is None in a render-only run."""
     if cfg is None:
         return pages | "RenderedOnly" >> beam.Map(rendered_only)
-    return pages | "Extract" >> ExtractPages(engine_settings(o), cfg, engine_factory, earlier=earlier)
+    settings = engine_settings(o)
+    if engine_factory is Engine and settings.service_dir:
+        from transforms.engine_remote import RemoteEngine
+
+        engine_factory = RemoteEngine
+    return pages | "Extract" >> ExtractPages(settings, cfg, engine_factory, earlier=earlier)
+
+
+def machine_engine(o: PagemillOptions) -> bool:
+    """One engine per machine (a service process) rather than one per worker process."""
+    if o.engine_service != "auto":
+        return o.engine_service == "machine"
+    from apache_beam.options.pipeline_options import DirectOptions
+
+    direct = o.view_as(DirectOptions)
+    return direct.direct_running_mode == "multi_processing" and direct.direct_num_workers != 1
 
 
 def safety_config(o: PagemillOptions) -> SafetyConfig:
@@ -71,10 +86,17 @@ def hint_settings(o: PagemillOptions) -> HintSettings:
 
 
 def engine_settings(o: PagemillOptions) -> EngineSettings:
-    return EngineSettings(model=o.model, model_revision=o.model_revision, max_model_len=o.max_model_len,
-                          max_num_seqs=o.max_num_seqs, gpu_memory_utilization=o.gpu_memory_utilization,
-                          tensor_parallel_size=o.tensor_parallel_size, limit_mm_per_prompt=o.limit_mm_per_prompt,
-                          kv_cache_gib=o.kv_cache_gib, enforce_eager=o.enforce_eager, in_process=o.engine_in_process)
+    s = EngineSettings(model=o.model, model_revision=o.model_revision, max_model_len=o.max_model_len,
+                       max_num_seqs=o.max_num_seqs, gpu_memory_utilization=o.gpu_memory_utilization,
+                       tensor_parallel_size=o.tensor_parallel_size, limit_mm_per_prompt=o.limit_mm_per_prompt,
+                       kv_cache_gib=o.kv_cache_gib, enforce_eager=o.enforce_eager, in_process=o.engine_in_process)
+    if not machine_engine(o):
+        return s
+    from dataclasses import replace
+
+    from transforms.engine_remote import service_dir
+
+    return replace(s, service_dir=o.engine_service_dir or service_dir(o.run_id or "", s))
 
 
 def extract_config(o: PagemillOptions) -> ExtractConfig:
@@ -84,7 +106,7 @@ def extract_config(o: PagemillOptions) -> ExtractConfig:
     return ExtractConfig(schema=load_schema(o.schema), tenant=o.tenant, model=o.model, model_revision=o.model_revision,
                          render_key=render_key(o), model_family=o.model_family,
                          max_model_len=o.max_model_len, max_tokens=o.max_tokens, max_attempts=o.max_attempts,
-                         max_hint_chars=o.max_hint_chars, batch_tokens=o.batch_tokens,
+                         max_hint_chars=o.max_hint_chars, max_in_flight=o.max_in_flight,
                          gpu_hourly_usd=o.gpu_hourly_usd, api_price=o.api_price, prices=load_prices())
 
 
@@ -107,7 +129,7 @@ def hints_key(o: PagemillOptions) -> str:
 def build_pipeline(p: beam.Pipeline, o: PagemillOptions, run: Mapping[str, Any],
                    earlier_files: Sequence[str] = (), done_files: Sequence[str] = (),
                    modified_since: float | None = None, modified_until: float | None = None, *,
-                   engine_factory: Callable[[EngineSettings], Engine] = Engine, ocr: Ocr | None = None) -> None:
+                   engine_factory: EngineFactory = Engine, ocr: Ocr | None = None) -> None:
     """`earlier_files`: `pages` files under the output root (the result cache; empty with --force);
     `done_files`: this run id's `documents` files when resuming. `engine_factory` and `ocr` replace
     the vLLM engine and Tesseract (tests put probes there)."""

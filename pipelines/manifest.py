@@ -70,6 +70,7 @@ def run_counts(output: str, run_id: str, storage: Any = None, tenant: str = "def
             "page_reasons": {str(k): int(n) for k, n in page_reasons},
             "pages": by("pages", "status"),
             "routes": by("ledger", "route"),
+            "streaming": streaming_figures(con, run_id),
             "totals": {
                 "pages": totals[0], "image_tokens": totals[1], "text_tokens": totals[2],
                 "output_tokens": totals[3], "gpu_seconds": round(totals[4], 3), "cost_usd": round(totals[5], 6),
@@ -93,6 +94,20 @@ def manifest_tenant(output: str, run_id: str) -> str | None:
     except (OSError, ValueError):
         return None
     return m.get("tenant") or (m.get("options") or {}).get("tenant")
+
+
+def streaming_figures(con: Any, run_id: str) -> dict[str, float | None]:
+    """How well the model was fed, from `pages` timestamps and ledger gpu_seconds:
+    time_to_first_result_s: run start (rows' created_at) to the first page the model returned;
+    engine_busy_fraction: the engine's busy seconds (sum of gpu_seconds) over the seconds from the
+    first page leaving the CPU stages to the last model result (1.0: never idle while it could work)."""
+    first, busy, window = con.execute(
+        "SELECT epoch(min(p.extracted_at) FILTER (WHERE l.route = 'model')) - epoch(min(p.created_at)), "
+        "sum(l.gpu_seconds), epoch(max(p.extracted_at) FILTER (WHERE l.route = 'model')) - epoch(min(p.rendered_at)) "
+        "FROM pages p JOIN ledger l USING (tenant, run_id, doc_sha256, source_uri, page_index) WHERE p.run_id = ?",
+        [run_id]).fetchone()
+    return {"time_to_first_result_s": None if first is None else round(first, 3),
+            "engine_busy_fraction": round(min(1.0, busy / window), 3) if busy and window else None}
 
 
 def write_manifest(output: str, run_id: str, manifest: Mapping[str, Any]) -> str:

@@ -74,13 +74,18 @@ class PagemillOptions(PipelineOptions):
         _flag(parser, "tensor_parallel_size", type=int, default=1)
         _flag(parser, "max_num_seqs", type=int, default=256)
         _flag(parser, "limit_mm_per_prompt", type=int, default=1, help="images per prompt")
-        _flag(parser, "batch_tokens", type=int, default=400_000,
-              help="prompt tokens handed to one engine.generate call (large: keep the engine busy)")
+        _flag(parser, "max_in_flight", type=int, default=0,
+              help="pages in flight per engine (0: twice the engine's max_num_seqs)")
         _flag(parser, "kv_cache_gib", type=float, default=None,
               help="KV cache size; set it on CPU engines (vLLM otherwise takes most of the RAM)")
         _flag(parser, "enforce_eager", type=_bool, default=False, help="skip CUDA graphs / torch.compile")
         _flag(parser, "engine_in_process", type=_bool, default=None,
               help="run vLLM's engine core in the worker process (default: yes on CPU, no on GPU)")
+        _flag(parser, "engine_service", default="auto", choices=["auto", "process", "machine"],
+              help="one engine per worker process, or one per machine fed by every worker process "
+                   "(auto: machine with --direct_running_mode=multi_processing)")
+        _flag(parser, "engine_service_dir", default=None,
+              help="folder of the machine's engine service (default: run-scoped, under the temp dir)")
         _flag(parser, "max_hint_chars", type=int, default=4000, help="cap on the text hint in a prompt")
         # Safety gate (transforms/safety.py) and hints (transforms/hints.py).
         _flag(parser, "blocklist", action="append", default=None,

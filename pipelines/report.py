@@ -5,11 +5,11 @@ the page (`report_template.html`) draws them as inline SVG with its own small sc
 nothing fetched. Every string from the data (file names, reason messages) is written with `textContent`
 by the script or escaped here, never parsed as HTML, and the data block cannot close its `<script>`.
 
-Pages/s "over the run": every row of a run carries the run's start time, so the tables hold no timeline
-within a run, and the tables are not changed for a report. The report shows instead the run's pages/s
-(pages / manifest wall time), the engine's (model pages / summed GPU-seconds), the render stage's (from the
-manifest's `render_ms` distribution, per worker thread), and pages/s of every run under the output root over
-time, the current one marked.
+Pages/s: the run's pages/s (pages / manifest wall time), the engine's (model pages / summed GPU-seconds),
+the render stage's (from the manifest's `render_ms` distribution, per worker thread); the run's timeline
+(pages leaving the CPU stages and results coming back, per second, from `pages.rendered_at` and
+`pages.extracted_at`: the two overlap when the model is fed while pages are still rendered); and pages/s
+of every run under the output root over time, the current one marked.
 """
 from __future__ import annotations
 
@@ -113,12 +113,31 @@ def throughput(con: duckdb.DuckDBPyConnection, run_id: str, manifest: dict[str, 
     runs = _dicts(con, "SELECT run_id, started_at, pages, wall_seconds, pages / nullif(wall_seconds, 0) AS pages_per_s "
                        "FROM runs ORDER BY started_at, run_id", [])
     return {"run": {"pages": pages, "wall_seconds": wall, "pages_per_s": pages / wall if wall else None},
+            "timeline": timeline(con, run_id),
             "engine": {"pages": model_pages, "seconds": engine_s,
                        "pages_per_s": model_pages / engine_s if engine_s else None},
             "render": {"pages": render["count"], "seconds": render["sum"] / 1000,
                        "pages_per_s": render["count"] / (render["sum"] / 1000) if render["sum"] else None}
             if isinstance(render, dict) else None,
             "runs": runs}
+
+
+def timeline(con: duckdb.DuckDBPyConnection, run_id: str, bins: int = 12) -> list[dict[str, float]]:
+    """Pages rendered and extracted per second in `bins` equal slices of the run's timestamped span."""
+    stamps = con.execute("SELECT epoch(rendered_at), epoch(extracted_at) FROM pages WHERE run_id = ? "
+                         "AND rendered_at IS NOT NULL", [run_id]).fetchall()
+    if not stamps:
+        return []
+    t0 = min(r for r, _ in stamps)
+    span = max(max(r, e or r) for r, e in stamps) - t0
+    width = max(span, 1e-3) / bins
+    rendered, extracted = [0] * bins, [0] * bins
+    for r, e in stamps:
+        rendered[min(bins - 1, int((r - t0) / width))] += 1
+        if e is not None:
+            extracted[min(bins - 1, int((e - t0) / width))] += 1
+    return [{"t": round(i * width, 2), "rendered": rendered[i] / width, "extracted": extracted[i] / width}
+            for i in range(bins)]
 
 
 def collect(output: str, storage: StorageConfig | None = None, run_id: str | None = None,

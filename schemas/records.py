@@ -2,6 +2,7 @@
 another stage still holds (Beam may reuse an element across fused steps)."""
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 
 # Document outcomes (the `documents.outcome` column). `rendered` is a render-only run (no model).
@@ -118,6 +119,8 @@ class PageImage:
     detail_side: int = 0
     flags: tuple[str, ...] = ()
     flag_detail: tuple[str, ...] = ()
+    # When the page left the CPU stages (rendered, gated, hinted); stamped by the extraction stage.
+    rendered_at: dt.datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,8 @@ class PageRow:
     quarantine_detail: str | None = None  # JSON: which check, list and distance, or classifier and score
     pdq_hash: str | None = None
     image_tokens_saved: int = 0  # image tokens that sending the page at full detail would have cost more
+    rendered_at: dt.datetime | None = None  # the page left the CPU stages
+    extracted_at: dt.datetime | None = None  # its result came back (cached, duplicate: was available)
 
 
 @dataclass(frozen=True)
@@ -204,3 +209,4 @@ class ExtractionResult:
     gpu_seconds: float = 0.0
     sent_width: int = 0
     sent_height: int = 0
+    finished_at: dt.datetime | None = None

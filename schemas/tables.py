@@ -55,6 +55,8 @@ PAGES = pa.schema([
     ("flag_detail", pa.list_(pa.string())),
     ("quarantine_detail", pa.string()),
     ("pdq_hash", pa.string()),
+    ("rendered_at", pa.timestamp("us", tz="UTC")),
+    ("extracted_at", pa.timestamp("us", tz="UTC")),
     ("created_at", pa.timestamp("us", tz="UTC")),
 ])
 

@@ -1,4 +1,4 @@
-"""Token budget: image- and text-token estimates per model family, fitting, batching, API cost.
+"""Token budget: image- and text-token estimates per model family, fitting, API cost.
 
 Everything here is pure (no Beam, no model, no I/O except `load_prices`), so the budget stage can
 decide *before* a page reaches the GPU how big it is, whether it has to be shrunk, and which
@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Final, TypeVar
-
-T = TypeVar("T")
+from typing import Any, Final
 
 # Qwen2-VL / Qwen2.5-VL processor defaults (preprocessor_config.json of the released checkpoints).
 QWEN_PATCH_SIZE: Final = 14
@@ -257,37 +255,6 @@ def fit_to_token_budget(
         else:
             hi = mid
     return size_at(lo)
-
-
-def batch_by_tokens(
-    items: Iterable[T], size_of: Callable[[T], int], max_batch_tokens: int, max_batch_items: int
-) -> Iterator[list[T]]:
-    """Greedy, order-preserving batches whose summed size is <= max_batch_tokens, with <= max_batch_items.
-
-    An item larger than max_batch_tokens on its own is yielded alone (so nothing is ever dropped; the
-    caller decides whether to shrink or reject it). Lazy: holds one batch at a time.
-    """
-    if max_batch_tokens < 1 or max_batch_items < 1:
-        raise ValueError("max_batch_tokens and max_batch_items must be >= 1")
-    batch: list[T] = []
-    total = 0
-    for item in items:
-        n = size_of(item)
-        if n < 0:
-            raise ValueError(f"size_of returned a negative size: {n}")
-        if n > max_batch_tokens:
-            if batch:
-                yield batch
-                batch, total = [], 0
-            yield [item]
-            continue
-        if batch and (total + n > max_batch_tokens or len(batch) >= max_batch_items):
-            yield batch
-            batch, total = [], 0
-        batch.append(item)
-        total += n
-    if batch:
-        yield batch
 
 
 def load_prices(path: Path | str | None = None) -> dict[str, Any]:

@@ -39,7 +39,7 @@ def test_two_pages_give_a_json_line_with_every_figure(test_model_dir: Path, caps
     missing = [k for k in bench.JSON_KEYS if k not in figures]
     assert not missing, missing
     assert figures["bench"] == "extract"
-    assert figures["pages"] == 2 and figures["batches"] == 1
+    assert figures["pages"] == 2 and figures["max_in_flight"] >= 2
     assert figures["ok"] + figures["invalid"] + figures["failed"] == 2
     assert figures["ok"] >= 1, figures
     for key in ("engine_start_s", "wall_s", "pages_per_s", "prompt_tokens_per_s", "output_tokens_per_s",

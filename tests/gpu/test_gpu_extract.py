@@ -79,7 +79,7 @@ def extract_config(**changes: Any) -> ExtractConfig:
     values: dict[str, Any] = {
         "schema": load_schema("invoice"), "tenant": "gpu", "model": "tiny", "model_revision": "tiny",
         "render_key": "dpi=150;max_side=1288;jpeg=90", "model_family": "qwen2_vl", "max_model_len": 8192,
-        "max_tokens": 384, "max_attempts": 2, "max_hint_chars": 4000, "batch_tokens": 400_000,
+        "max_tokens": 384, "max_attempts": 2, "max_hint_chars": 4000,
         "gpu_hourly_usd": 2.5, "api_price": "gpt-4o", "prices": budget.load_prices(), **changes}
     # Only the fields ExtractConfig declares: model, model_revision and render_key are recent additions.
     declared = {f.name for f in dataclasses.fields(ExtractConfig)}
@@ -116,17 +116,17 @@ def test_the_engine_runs_on_the_gpu(gpu_engine: Engine, gpu_settings: EngineSett
     assert gpu_engine.starts == 1 and gpu_engine.llm is not None
 
 
-def test_extract_batch_on_the_gpu_gives_schema_valid_json(gpu_engine: Engine, gpu_settings: EngineSettings) -> None:
+def test_extraction_on_the_gpu_gives_schema_valid_json(gpu_engine: Engine, gpu_settings: EngineSettings) -> None:
     from tests import docmaker
     from transforms import budget
-    from transforms.extract import extract_batch, make_task
-    from transforms.postfilter import SchemaValidator
+    from transforms.engine_feed import extract_all
+    from transforms.extract import make_task
 
     cfg = extract_config()
     pages = rendered_pages({"inv.pdf": docmaker.invoice_pdf(), "multi.pdf": docmaker.multipage_pdf(3),
                             "scan.png": docmaker.scanned_png()})
     tasks = [make_task(p, gpu_settings, cfg)[1] for p in pages]
-    results = extract_batch(gpu_engine, tasks, cfg, SchemaValidator(cfg.schema))
+    results = extract_all(gpu_engine, tasks, cfg)
     assert len(results) == len(tasks) == 5
     for task, r in zip(tasks, results, strict=True):
         assert r.status == "ok", r
@@ -136,18 +136,19 @@ def test_extract_batch_on_the_gpu_gives_schema_valid_json(gpu_engine: Engine, gp
         assert r.image_tokens == budget.estimate_image_tokens("qwen2_vl", task.page.width, task.page.height)
 
 
-def test_a_large_batch_fills_the_gpu_engine(gpu_engine: Engine, gpu_settings: EngineSettings) -> None:
-    """More pages than max_num_seqs in one generate call: vLLM queues them; every page gets a result."""
+def test_more_pages_than_max_num_seqs_in_flight_fill_the_gpu_engine(gpu_engine: Engine,
+                                                                    gpu_settings: EngineSettings) -> None:
+    """More pages in flight than max_num_seqs: vLLM queues them; every page gets a result."""
     from tests import docmaker
-    from transforms.extract import extract_batch, make_task
-    from transforms.postfilter import SchemaValidator
+    from transforms.engine_feed import extract_all
+    from transforms.extract import make_task
 
     cfg = extract_config(max_tokens=256)
     pages = rendered_pages({f"inv-{s}.pdf": docmaker.invoice_pdf(s) for s in range(40)}
                            | {"report.pdf": docmaker.multipage_pdf(40)})
     tasks = [make_task(p, gpu_settings, cfg)[1] for p in pages]
     assert len(tasks) == 80 > gpu_settings.max_num_seqs
-    results = extract_batch(gpu_engine, tasks, cfg, SchemaValidator(cfg.schema))
+    results = extract_all(gpu_engine, tasks, cfg, max_in_flight=2 * gpu_settings.max_num_seqs)
     assert [r.status for r in results].count("failed") == 0
     assert sum(r.status == "ok" for r in results) >= 0.9 * len(results)
     for r in results:

@@ -47,14 +47,13 @@ class ProbeEngine(Engine):
         self.log = log
         super().__init__(settings)
 
-    def generate(self, requests: Any, params: Any) -> Any:
+    def submit(self, request: Any, params: Any) -> Any:
+        img: Image.Image = request["multi_modal_data"]["image"]
         with open(self.log, "a") as handle:
-            for r in requests:
-                img: Image.Image = r["multi_modal_data"]["image"]
-                handle.write(json.dumps({"size": list(img.size), "pdq": pdq_hash(img)[0],
-                                         "mean": float(np.asarray(img.convert("L")).mean()),
-                                         "prompt": r["prompt"]}) + "\n")
-        return super().generate(requests, params)
+            handle.write(json.dumps({"size": list(img.size), "pdq": pdq_hash(img)[0],
+                                     "mean": float(np.asarray(img.convert("L")).mean()),
+                                     "prompt": request["prompt"]}) + "\n")
+        return super().submit(request, params)
 
 
 def rows(output: Path, query: str) -> list[dict[str, Any]]:

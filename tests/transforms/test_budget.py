@@ -1,4 +1,4 @@
-"""Tests for transforms/budget.py: token estimates, fitting, batching, prices."""
+"""Tests for transforms/budget.py: token estimates, fitting, prices."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import pytest
 from transforms.budget import (
     IMAGE_TOKEN_FAMILIES,
     api_cost_usd,
-    batch_by_tokens,
     claude_image_tokens,
     claude_resized_size,
     estimate_image_tokens,
@@ -215,40 +214,6 @@ def test_fit_to_token_budget_edges() -> None:
     for budget in (10, 30, 100, 140):
         w, h = fit_to_token_budget(8000, 40, budget)  # type: ignore[misc]
         assert qwen2_vl_image_tokens(w, h) <= budget
-
-
-def test_batch_by_tokens() -> None:
-    def batches(sizes: list[int], max_tokens: int, max_items: int) -> list[list[int]]:
-        return list(batch_by_tokens(sizes, lambda x: x, max_tokens, max_items))
-
-    assert batches([], 10, 3) == []
-    assert batches([3, 3, 3, 3], 10, 10) == [[3, 3, 3], [3]]
-    assert batches([3, 3, 3, 3], 100, 2) == [[3, 3], [3, 3]]
-    assert batches([5, 5], 10, 10) == [[5, 5]]  # exactly at the budget
-    # An oversized item goes alone and does not disturb the order of the rest.
-    assert batches([2, 50, 2, 2], 10, 10) == [[2], [50], [2, 2]]
-    assert batches([50], 10, 10) == [[50]]
-    items = list(range(1, 30))
-    flat = [x for b in batch_by_tokens(items, lambda x: x, 20, 4) for x in b]
-    assert flat == items  # nothing lost, order kept
-    for b in batch_by_tokens(items, lambda x: x, 20, 4):
-        assert len(b) <= 4 and (sum(b) <= 20 or len(b) == 1)
-    with pytest.raises(ValueError):
-        batches([1], 0, 1)
-    with pytest.raises(ValueError):
-        batches([1], 1, 0)
-
-
-def test_batch_by_tokens_is_lazy() -> None:
-    def endless() -> object:
-        n = 0
-        while True:
-            n += 1
-            yield n
-
-    it = batch_by_tokens(endless(), lambda _: 1, 3, 100)
-    assert next(it) == [1, 2, 3]
-    assert next(it) == [4, 5, 6]
 
 
 def test_prices_table() -> None:

