@@ -17,7 +17,6 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.options import PagemillOptions
 from tests import docmaker
 from tests.conftest import vllm_available
 
@@ -76,12 +75,6 @@ def assert_one_row_per_key(output: Path, run_id: str, listed: int, pages: int) -
         assert len(rows) == pages, table
 
 
-def small_batches() -> list[str]:
-    """The batch-per-generate engine only returns rows when a batch is done: keep its batches small so
-    rows come out as the run goes. (The streaming engine has no such option and needs none.)"""
-    return ["--batch-tokens", "6000"] if "batch_tokens" in PagemillOptions([]).get_all_options() else []
-
-
 # With the model -------------------------------------------------------------------------------------
 
 N_PAGES = 24
@@ -98,7 +91,7 @@ def test_killed_extraction_resumes_paying_only_for_the_rest(tmp_path: Path, test
     (inputs / "corrupt.pdf").write_bytes(docmaker.truncated_pdf())
     flags = ["--schema", "invoice", "--model", str(test_model_dir), "--model-revision", "tiny", "--max-tokens", "256",
              "--max-attempts", "1", "--kv-cache-gib", "0.25", "--max-side", "640", "--flush-rows", "4",
-             "--flush-seconds", "2", *small_batches()]
+             "--flush-seconds", "2"]
 
     first = pagemill(inputs, output, "k1", *flags)
     on_disk = kill_when_durable(first, output, "k1", KILL_AT, timeout_s=600)

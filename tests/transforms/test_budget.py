@@ -284,11 +284,3 @@ def test_errors_name_the_choices() -> None:
     assert api_cost_usd("gpt-4o", 1_000_000, 1_000_000, prices) == 12.5
     assert api_cost_usd("gpt-4o", 0, 0, prices) == 0
 
-
-def test_batch_limits_of_one_and_negative_sizes() -> None:
-    assert list(batch_by_tokens([1, 1], lambda x: x, 1, 1)) == [[1], [1]]
-    assert list(batch_by_tokens([0, 0, 0], lambda x: x, 1, 2)) == [[0, 0], [0]]
-    with pytest.raises(ValueError, match=r"^size_of returned a negative size: -1$"):
-        list(batch_by_tokens([1, -1], lambda x: x, 10, 10))
-    with pytest.raises(ValueError, match=r"^max_batch_tokens and max_batch_items must be >= 1$"):
-        list(batch_by_tokens([1], lambda x: x, 0, 1))
