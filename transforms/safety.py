@@ -252,11 +252,14 @@ class SafetyGateDoFn(LoadsChecks):
         self.passed = Metrics.counter("pagemill", "pages_passed_safety")
         self.quarantined = Metrics.counter("pagemill", "pages_quarantined")
         self.gate_ms = Metrics.distribution("pagemill", "safety_ms")
+        self.skipped = Metrics.counter("pagemill", "pages_picture_checks_skipped")
 
     def process(self, page: PageImage) -> Iterator[object]:
         start = time.perf_counter()
         checked, verdict = screen_page(page, self.checks, self.cfg.low_detail_side)
         self.gate_ms.update(int((time.perf_counter() - start) * 1000))
+        if len(checked.flag_detail) > len(page.flag_detail):  # only the skip note is added here
+            self.skipped.inc()
         if verdict is None:
             self.passed.inc()
             yield checked
