@@ -19,7 +19,7 @@ from tests.conftest import CORPUS
 from tests.transforms.test_safety import encode, photo, write_list
 from transforms.blocklist import usable_pdq
 from transforms.pages import RenderSettings, has_raster_image, render_document
-from transforms.safety import Checks, SafetyConfig, holds_picture, load_checks, screen_page
+from transforms.safety import Checks, SafetyConfig, Verdict, holds_picture, load_checks, screen_page
 
 SETTINGS = RenderSettings(dpi=100, max_side=1000, jpeg_quality=90, max_text_chars=5000, max_page_points=14400,
                           max_image_pixels=89_478_485, max_bytes=2**26)
@@ -152,3 +152,31 @@ def test_corpus_verdicts_equal_classifying_every_page() -> None:
             gated = screen_page(page, checks, low_side=0)[1]
             every = screen_page(replace(page, has_raster=True), checks, low_side=0)[1]
             assert (gated and gated.reason_code) == (every and every.reason_code), (page.source_uri, threshold)
+
+
+class _Always:
+    """A page check that quarantines whatever it is shown (so a verdict proves it ran)."""
+
+    def __init__(self, name: str, pictures_only: bool) -> None:
+        self.name, self.pictures_only = name, pictures_only
+
+    def check(self, page: PageImage, image: Image.Image) -> Verdict:
+        return Verdict("blocked_hash", f"{self.name} saw the page", {"check": self.name})
+
+
+def test_extra_checks_run_on_text_pages_unless_pictures_only() -> None:
+    (page,) = rendered(docmaker.text_pdf(LINES))
+    base = load_checks(SafetyConfig())
+    vendor = replace_others(base, [_Always("vendor", pictures_only=False)])
+    _, verdict = screen_page(page, vendor, low_side=0)
+    assert verdict is not None and verdict.detail["check"] == "vendor"
+    picture = replace_others(base, [_Always("picturecheck", pictures_only=True)])
+    checked, verdict = screen_page(page, picture, low_side=0)
+    assert verdict is None and "picturecheck:skipped_no_raster" in checked.flag_detail
+    (photo_page,) = rendered(with_photo(docmaker.text_pdf(LINES)))
+    _, verdict = screen_page(photo_page, picture, low_side=0)
+    assert verdict is not None and verdict.detail["check"] == "picturecheck"
+
+
+def replace_others(checks: Checks, others: list) -> Checks:
+    return Checks(checks.lists, checks.blocklist, others)
