@@ -1,12 +1,14 @@
 """Render-stage throughput and memory: the whole pipeline (render-only, DirectRunner) against a bare loop.
 
 Makes one N-page text PDF with docmaker (different text on every page), then
-  1. runs `pagemill run --extract false` on it in a subprocess and reports wall time, pages/s, CPU time and
-     the subprocess's peak RSS (getrusage of children);
-  2. runs the CPU stage functions (transforms.pages.render_document: render + pixel hash + text layer + JPEG
-     encode) over the same bytes in a bare loop in this process, and reports pages/s/core;
-and prints the Beam overhead ratio (bare pages per CPU-second / pipeline pages per CPU-second).
-Prints figures; asserts nothing about time.
+  1. runs `pagemill run --extract false` on it in a subprocess and reports wall time, pages/s, CPU time,
+     the subprocess's peak RSS (getrusage of children) and the per-page stage means from its manifest;
+  2. runs the same CPU stages as plain functions over the same bytes in a bare loop in this process, on one
+     core, and reports each stage's CPU per page: render (transforms.pages.render_document: render + pixel
+     hash + text layer + raster check + JPEG encode), gate (transforms.safety.screen_page with the default
+     classifier) and hints (transforms.hints.choose_hint/apply_hint, no OCR as in a render-only run);
+and prints the Beam overhead ratio (bare pages per CPU-second / pipeline pages per CPU-second), against the
+bare render alone and against the bare render + gate + hints. Prints figures; asserts nothing about time.
 
     .venv/bin/python benchmarks/bench_render.py [--pages 1000] [--beam-arg=--direct_running_mode=in_memory]
 """
@@ -29,7 +31,9 @@ sys.path.insert(0, str(REPO))
 
 from schemas.records import DocumentRecord, PageImage  # noqa: E402
 from tests import docmaker  # noqa: E402
+from transforms.hints import HintSettings, apply_hint, choose_hint  # noqa: E402
 from transforms.pages import RenderSettings, render_document  # noqa: E402
+from transforms.safety import SafetyConfig, holds_picture, load_checks, screen_page  # noqa: E402
 
 WORDS = ("invoice total amount due payment net gross tax freight order quantity unit price supplier customer "
          "account reference period balance credit debit remittance shipment delivery carrier warehouse").split()
@@ -66,21 +70,43 @@ def run_pipeline(pdf: Path, output: Path, beam_args: list[str]) -> dict[str, flo
         "pipeline_s": float(match.group(2)) if match else wall,  # pipeline.run() to finish, as the CLI reports
         "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
         "peak_rss_mib": after.ru_maxrss / 1024,  # Linux: KiB; the largest child so far (only this one)
+        "stage_ms": {k: v["mean"] for k, v in manifest.get("stage_timings", {}).items()
+                     if isinstance(v, dict) and "mean" in v},
     }
 
 
-def run_bare(data: bytes, pages: int, settings: RenderSettings) -> dict[str, float]:
+def run_bare(data: bytes, pages: int, settings: RenderSettings, classifier: str) -> dict[str, float]:
+    """Render, gate and hint every page in one loop; CPU seconds per stage (process_time around each)."""
     doc = DocumentRecord(uri="bench.pdf", size=len(data), doc_sha256=hashlib.sha256(data).hexdigest(),
                          format="pdf", page_count=pages)
-    count = 0
-    jpeg_bytes = 0
-    wall0, cpu0 = time.perf_counter(), time.process_time()
-    for page in render_document(doc, data, settings):
-        if isinstance(page, PageImage):
-            count += 1
-            jpeg_bytes += len(page.image)
-    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    return {"pages": float(count), "wall_s": wall, "cpu_s": cpu, "kib_per_page": jpeg_bytes / max(count, 1) / 1024}
+    checks = load_checks(SafetyConfig(nsfw_classifier=classifier))  # before the clock, as DoFn.setup is
+    hints = HintSettings(allow_ocr=False)  # what a render-only run uses
+    count = jpeg_bytes = classified = 0
+    cpu = {"render": 0.0, "gate": 0.0, "hints": 0.0}
+    wall0 = time.perf_counter()
+    pages_iter = render_document(doc, data, settings)
+    while True:
+        t0 = time.process_time()
+        page = next(pages_iter, None)
+        t1 = time.process_time()
+        cpu["render"] += t1 - t0
+        if page is None:
+            break
+        if not isinstance(page, PageImage):
+            continue
+        count += 1
+        jpeg_bytes += len(page.image)
+        classified += holds_picture(page)
+        checked, verdict = screen_page(page, checks, 0)
+        t2 = time.process_time()
+        cpu["gate"] += t2 - t1
+        if verdict is None:
+            apply_hint(checked, choose_hint(checked, hints), hints)
+        cpu["hints"] += time.process_time() - t2
+    wall = time.perf_counter() - wall0
+    return {"pages": float(count), "wall_s": wall, "cpu_s": cpu["render"], "all_cpu_s": sum(cpu.values()),
+            **{f"{k}_ms": v * 1000 / max(count, 1) for k, v in cpu.items()},
+            "classified": float(classified), "kib_per_page": jpeg_bytes / max(count, 1) / 1024}
 
 
 def main() -> None:
@@ -88,6 +114,7 @@ def main() -> None:
     parser.add_argument("--pages", type=int, default=1000)
     parser.add_argument("--beam-arg", action="append", default=[], help="extra pipeline flag, e.g. "
                         "--beam-arg=--direct_running_mode=multi_processing")
+    parser.add_argument("--nsfw-classifier", default="nudenet", help="for both halves (the pipeline's default)")
     args = parser.parse_args()
     # The pipeline's defaults (pipelines/options.py), so both halves do the same work per page.
     settings = RenderSettings(dpi=150.0, max_side=1288, jpeg_quality=90, max_text_chars=20_000,
@@ -101,8 +128,9 @@ def main() -> None:
         pdf = Path(tmp) / "in" / "bench.pdf"
         pdf.parent.mkdir()
         pdf.write_bytes(data)
-        beam = run_pipeline(pdf, Path(tmp) / "out", args.beam_arg)
-    bare = run_bare(data, args.pages, settings)
+        beam = run_pipeline(pdf, Path(tmp) / "out",
+                            [f"--nsfw-classifier={args.nsfw_classifier}", *args.beam_arg])
+    bare = run_bare(data, args.pages, settings, args.nsfw_classifier)
 
     beam_cores = beam["cpu_s"] / beam["wall_s"]
     beam_per_cpu = beam["pages"] / beam["cpu_s"]
@@ -114,13 +142,19 @@ def main() -> None:
           f"{beam['pages'] / beam['wall_s']:.1f} pages/s (whole process), "
           f"{beam_per_cpu:.1f} pages per CPU-second")
     print(f"  peak RSS {beam['peak_rss_mib']:.0f} MiB")
-    print("\nbare loop (render_document: render + hash + text layer + JPEG q90, one core):")
-    print(f"  {bare['pages']:.0f} pages in {bare['wall_s']:.1f} s wall, {bare['cpu_s']:.1f} s CPU: "
-          f"{bare['pages'] / bare['wall_s']:.1f} pages/s, {bare_per_cpu:.1f} pages/s/core; "
+    stages = ", ".join(f"{k} {v:.1f}" for k, v in sorted(beam["stage_ms"].items()))
+    print(f"  stage means, ms a page (wall, per worker thread): {stages or 'none reported'}")
+    print("\nbare loop (one core, same stages as plain functions):")
+    print(f"  {bare['pages']:.0f} pages in {bare['wall_s']:.1f} s wall; CPU ms a page: render {bare['render_ms']:.1f} "
+          f"(render + hash + text layer + raster check + JPEG q90), gate {bare['gate_ms']:.1f} "
+          f"({bare['classified']:.0f} pages classified by {args.nsfw_classifier}), hints {bare['hints_ms']:.1f}")
+    all_per_cpu = bare["pages"] / bare["all_cpu_s"]
+    print(f"  render only: {bare_per_cpu:.1f} pages/s/core; render + gate + hints: {all_per_cpu:.1f} pages/s/core; "
           f"{bare['kib_per_page']:.0f} KiB a page")
-    print(f"\nBeam overhead ratio: {bare_per_cpu / beam_per_cpu:.2f}x CPU per page "
-          f"(bare pages/s/core / pipeline pages per CPU-second); "
-          f"{(bare['pages'] / bare['wall_s']) / (beam['pages'] / beam['pipeline_s']):.2f}x wall")
+    print(f"\nBeam overhead ratio (bare pages/s/core / pipeline pages per CPU-second): "
+          f"{all_per_cpu / beam_per_cpu:.2f}x against the same stages, "
+          f"{bare_per_cpu / beam_per_cpu:.2f}x against render alone; "
+          f"{(bare['pages'] / bare['wall_s']) / (beam['pages'] / beam['pipeline_s']):.2f}x wall (same stages)")
 
 
 if __name__ == "__main__":

@@ -111,6 +111,10 @@ class PageImage:
     # runs that the rendered pixels do not show (see transforms/textlayer.py).
     text_coverage: float = 0.0
     invisible_text: tuple[str, ...] = ()
+    # Set by the page stage: the page may show a picture (an image input, or a PDF page that draws a
+    # raster image). False only where pdfium listed the page's objects and found no image among them;
+    # the safety gate then skips its picture checks (the NSFW classifier) unless unexplained ink remains.
+    has_raster: bool = True
     # Set by the safety gate and the hints stage.
     pdq_hash: str | None = None
     hint: str = ""

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import apache_beam as beam
 import pypdfium2 as pdfium
+import pypdfium2.raw as pdfium_c
 from apache_beam.metrics import Metrics
 from PIL import Image, ImageOps
 
@@ -24,6 +25,8 @@ from transforms.textlayer import TRUNCATED_FLAG, TextEvidence, pdf_text_evidence
 
 FAILED_PAGES = "failed_pages"
 MAX_ASPECT = 100  # well inside the 200:1 that Qwen2-VL's processor accepts, after its own rounding
+MAX_FORM_DEPTH = 8  # nested Form XObjects looked into for images; deeper nesting counts as an image
+MAX_PAGE_OBJECTS = 200_000  # objects looked at per page (cheap ctypes calls); past it, assume an image
 
 
 @dataclass(frozen=True)
@@ -86,19 +89,51 @@ def encode_page(img: Image.Image, quality: int) -> bytes:
     return buf.getvalue()
 
 
+def has_raster_image(page: pdfium.PdfPage) -> bool:
+    """Whether the page draws a raster image, directly or inside a Form XObject. Stops at the first
+    image. Anything it cannot tell (a pdfium error, nesting or object counts past the bounds) is True:
+    the safety gate then classifies the page as it would any picture. The caller holds the pdfium lock."""
+    seen = 0
+    stack: list[tuple[object, int]] = [(None, 0)]
+    while stack:
+        form, depth = stack.pop()
+        if form is None:
+            count = pdfium_c.FPDFPage_CountObjects(page)
+        else:
+            count = pdfium_c.FPDFFormObj_CountObjects(form)
+        if count < 0:
+            return True
+        seen += count
+        if seen > MAX_PAGE_OBJECTS:
+            return True
+        for i in range(count):
+            obj = pdfium_c.FPDFPage_GetObject(page, i) if form is None else pdfium_c.FPDFFormObj_GetObject(form, i)
+            if not obj:
+                return True
+            kind = pdfium_c.FPDFPageObj_GetType(obj)
+            if kind == pdfium_c.FPDF_PAGEOBJ_IMAGE:
+                return True
+            if kind == pdfium_c.FPDF_PAGEOBJ_FORM:
+                if depth + 1 >= MAX_FORM_DEPTH:
+                    return True
+                stack.append((obj, depth + 1))
+    return False
+
+
 def _finish(doc: DocumentRecord, index: int, img: Image.Image, text: str, s: RenderSettings,
-            evidence: TextEvidence | None = None) -> PageImage:
+            evidence: TextEvidence | None = None, has_raster: bool = True) -> PageImage:
     evidence = evidence or TextEvidence(coverage=0.0, invisible=())
     return PageImage(doc_sha256=doc.doc_sha256, source_uri=doc.uri, page_index=index, page_hash=page_hash(img),
                      image=encode_page(img, s.jpeg_quality), width=img.width, height=img.height,
                      text_layer=text[: s.max_text_chars], text_coverage=evidence.coverage,
                      invisible_text=tuple(t[:500] for t in evidence.invisible[:50]),
-                     flags=(TRUNCATED_FLAG,) if evidence.truncated else ())
+                     flags=(TRUNCATED_FLAG,) if evidence.truncated else (), has_raster=has_raster)
 
 
 def render_pdf_page(pdf: pdfium.PdfDocument, index: int,
-                    s: RenderSettings) -> tuple[Image.Image, str, TextEvidence]:
-    """Render one page (the caller holds the pdfium lock), read its text layer, and compare the two."""
+                    s: RenderSettings) -> tuple[Image.Image, str, TextEvidence, bool]:
+    """Render one page (the caller holds the pdfium lock), read its text layer, compare the two, and
+    say whether it draws a raster image."""
     page = pdf[index]
     try:
         width, height = page.get_size()
@@ -112,9 +147,10 @@ def render_pdf_page(pdf: pdfium.PdfDocument, index: int,
         text = textpage.get_text_bounded()
         evidence = pdf_text_evidence(page, textpage, img)
         textpage.close()
+        raster = has_raster_image(page)
     finally:
         page.close()
-    return normalise(img, s.max_side), text, evidence
+    return normalise(img, s.max_side), text, evidence, raster
 
 
 def render_pdf(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterator[PageImage | PageRow]:
@@ -126,8 +162,8 @@ def render_pdf(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterator[
             try:
                 # The lock is held for one page only (never across a yield), so threads interleave.
                 with PDFIUM_LOCK:
-                    img, text, evidence = render_pdf_page(pdf, index, s)
-                yield _finish(doc, index, img, text, s, evidence)
+                    img, text, evidence, raster = render_pdf_page(pdf, index, s)
+                yield _finish(doc, index, img, text, s, evidence, raster)
             except PageError as err:
                 yield failed_page(doc, index, err.reason_code, str(err))
             except Exception as err:  # noqa: BLE001 - one bad page must not fail its document

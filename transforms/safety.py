@@ -14,6 +14,11 @@ pagemill never writes a quarantined page's bytes anywhere: the rows hold hashes 
 
 A page check is any object with `name` and `check(page, image) -> Verdict | None`; `--safety-check
 package.module:factory` adds one (the README shows a PhotoDNA-style example).
+
+Picture checks (a check with `pictures_only = True`: the NSFW classifier) look only at pages that can
+show a picture (`holds_picture`): image inputs, and PDF pages that draw a raster image or whose ink the
+text layer does not explain (scans, vector drawings, outlined text). A page of text and rules skips them,
+with the note `<check>:skipped_no_raster` in `flag_detail`. Blocklists and other checks run on every page.
 """
 from __future__ import annotations
 
@@ -35,6 +40,10 @@ from transforms.classifiers import ImageClassifier, load_classifier, load_factor
 from transforms.detail import resize_for_detail
 
 QUARANTINED = "quarantined"
+# A PDF page without raster images still gets the picture checks when less than this share of its ink
+# lies in text boxes (textlayer.coverage; rules are not counted): what is left may be a vector drawing.
+PICTURE_MIN_COVERAGE = 0.9
+SKIPPED_NOTE = "{name}:skipped_no_raster"
 
 
 @dataclass(frozen=True)
@@ -103,7 +112,15 @@ class BlocklistCheck:
         return None
 
 
+def holds_picture(page: PageImage) -> bool:
+    """Whether the picture checks must see this page: it draws a raster image (every image input does),
+    or its text layer leaves ink unexplained (truncated evidence has coverage 0, so it counts)."""
+    return page.has_raster or page.text_coverage < PICTURE_MIN_COVERAGE
+
+
 class ClassifierCheck:
+    pictures_only = True
+
     def __init__(self, classifier: ImageClassifier, threshold: float) -> None:
         self.classifier, self.threshold = classifier, threshold
         self.name = classifier.name
@@ -153,11 +170,18 @@ def screen_page(page: PageImage, checks: Checks, low_side: int) -> tuple[PageIma
         hashes = renditions(image, low_side)
         page = replace(page, pdq_hash=hashes[0][1])
         verdict = checks.blocklist.check_hashes(page.page_hash, hashes)
+        picture = holds_picture(page)
+        skipped: list[str] = []
         for check in checks.others:
             if verdict is not None:
                 break
             name = check.name
+            if not picture and getattr(check, "pictures_only", False):
+                skipped.append(SKIPPED_NOTE.format(name=check.name))
+                continue
             verdict = check.check(page, image)
+        if skipped:
+            page = replace(page, flag_detail=page.flag_detail + tuple(skipped))
     except Exception as err:  # noqa: BLE001 - fail closed: a page that could not be checked is not sent
         verdict = Verdict("safety_check_error", f"{name}: {type(err).__name__}: {err}"[:500],
                           {"check": name, "error": type(err).__name__})
@@ -228,11 +252,14 @@ class SafetyGateDoFn(LoadsChecks):
         self.passed = Metrics.counter("pagemill", "pages_passed_safety")
         self.quarantined = Metrics.counter("pagemill", "pages_quarantined")
         self.gate_ms = Metrics.distribution("pagemill", "safety_ms")
+        self.skipped = Metrics.counter("pagemill", "pages_picture_checks_skipped")
 
     def process(self, page: PageImage) -> Iterator[object]:
         start = time.perf_counter()
         checked, verdict = screen_page(page, self.checks, self.cfg.low_detail_side)
         self.gate_ms.update(int((time.perf_counter() - start) * 1000))
+        if len(checked.flag_detail) > len(page.flag_detail):  # only the skip note is added here
+            self.skipped.inc()
         if verdict is None:
             self.passed.inc()
             yield checked
