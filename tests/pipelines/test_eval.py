@@ -124,7 +124,8 @@ def test_eval_of_the_runs_own_extractions(extracted: Path, tmp_path: Path, capsy
     truth = [{"source": Path(p["source_uri"]).name, "page_index": p["page_index"],
               "fields": json.loads(p["extraction"])} for p in pages]
     invoice = next(t for t in truth if t["source"] == "invoice.pdf")
-    truth.append({"source": "zz-invoice-copy.pdf", "fields": copy.deepcopy(invoice["fields"])})  # scored on its original's page
+    # The duplicate document is scored on its original's page.
+    truth.append({"source": "zz-invoice-copy.pdf", "fields": copy.deepcopy(invoice["fields"])})
     result = _eval(extracted, truth, tmp_path, capsys)
     assert result["run_id"] == "e1" and result["matched"] == 4 and result["unmatched"] == []
     assert result["overall"]["accuracy"] == 1.0 and result["overall"]["compared"] > 0
