@@ -112,10 +112,12 @@ def expected_tokens(low_tokens: int, high_tokens: int, share: float) -> float:
 
 def interval(unrendered: Mapping[str, list[tuple[int, int]]], shares: Mapping[str, tuple[float, int]],
              population: Mapping[str, int]) -> float:
-    """Half-width (tokens) of the 95 % interval of the unrendered pages' image tokens: per stratum, the
-    binomial standard error of its low share (with the finite-population correction), times the tokens that
-    going low saves on those pages. Pages are treated as independent draws, which documents are not: read it
-    as a guide, tighter than the truth when a document's pages are alike."""
+    """Half-width (tokens) of the 95 % interval of the unrendered pages' image tokens. Per stratum of N pages
+    of which n were rendered, the number of low-detail pages among the rest is estimated as N - n times the
+    measured share p; its variance, sampling without replacement, is N^2 (1 - n/N) p (1 - p) / (n - 1), in
+    pages, times the tokens going low saves on an average unrendered page. Pages are treated as independent
+    draws, which documents are not: read it as a guide, tighter than the truth when a document's pages are
+    alike."""
     var = 0.0
     for key, pages in unrendered.items():
         share, n = shares.get(key, (0.0, 0))
@@ -123,10 +125,10 @@ def interval(unrendered: Mapping[str, list[tuple[int, int]]], shares: Mapping[st
         if n == 0:
             var += (saved / 2) ** 2  # nothing measured: anything between all low and all high
             continue
-        fpc = max(0.0, (population.get(key, n) - n) / max(population.get(key, n) - 1, 1))
-        # share*(1-share) is 0 when every measured page agreed: use the rule of three's 3/n as a floor.
-        p = min(max(share, 3 / n), 1 - 3 / n) if n > 3 else 0.5
-        var += (saved ** 2) * p * (1 - p) / n * fpc
+        size = max(population.get(key, n), n)
+        # p (1 - p) is 0 when every measured page agreed: the rule of three (3 / n) is the floor of the share.
+        p = min(max(share, 3 / n), 1 - 3 / n) if n > 6 else 0.5
+        var += (saved / len(pages)) ** 2 * size ** 2 * (1 - n / size) * p * (1 - p) / max(n - 1, 1)
     return Z95 * math.sqrt(var)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +36,9 @@ FIELD_MAP = {
     "amount_tax": "tax",
     "amount": "total",
 }
-DEFAULT_INPUT = Path(__file__).resolve().parents[1].parent / "shared" / "corpus" / "extraction_gt"
+# As the tests find the corpus: $PAGEMILL_CORPUS, else ../shared/corpus beside the repository.
+DEFAULT_INPUT = Path(os.environ.get("PAGEMILL_CORPUS") or Path(__file__).resolve().parents[1].parent / "shared"
+                     / "corpus") / "extraction_gt"
 
 
 def truth_fields(expected: dict[str, Any]) -> dict[str, Any]:

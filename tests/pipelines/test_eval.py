@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,8 +12,10 @@ import pytest
 from pipelines import cli
 from pipelines.eval import TruthRow, compare_fields, parse_truth, same, score, to_date, to_number
 from tests import docmaker
-from tests.conftest import vllm_available
+from tests.conftest import CORPUS, vllm_available
 from tests.pipelines.raw import one_row_per, raw_rows
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(("truth", "got"), [
@@ -153,3 +157,37 @@ def test_eval_of_the_runs_own_extractions(extracted: Path, tmp_path: Path, capsy
     assert cli.main(["eval", "--output", str(extracted), "--truth", str(path)]) == 0
     assert f"{after['overall']['correct']:,} of {after['overall']['compared']:,} fields correct" in \
         capsys.readouterr().out
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not CORPUS.is_dir(), reason="../shared/corpus/ is absent")
+def test_eval_of_a_corpus_run_with_invoice2data_truth(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path,
+                                                      tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if not vllm_available():
+        pytest.skip("vLLM is not installed (scripts/setup_venv.sh)")
+    from tests.pipelines import invoice2data_run
+
+    truth = tmp_path / "truth.jsonl"
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "truth_from_invoice2data.py"),
+                           str(CORPUS / "extraction_gt"), "--output", str(truth)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in truth.read_text().splitlines()]
+    pdfs = sorted(invoice2data_run.INVOICE2DATA.glob("*.pdf"))
+    # One line per invoice2data PDF with an expected result; each maps issuer, number, date and currency.
+    assert len(lines) == len(pdfs) == 11
+    assert all({"vendor_name", "invoice_number", "issue_date", "currency"} <= set(t["fields"]) for t in lines)
+    aws = next(t for t in lines if t["source"].endswith("/AmazonWebServices.pdf"))
+    assert aws["fields"] == {"vendor_name": "Amazon Web Services", "invoice_number": "42183017",
+                             "issue_date": "2014-08-03", "currency": "USD", "subtotal": 4.11, "total": 4.11}
+    output = invoice2data_run.corpus_run(tmp_path_factory, test_model_dir)
+    capsys.readouterr()
+    assert cli.main(["eval", "--output", str(output), "--truth", str(truth), "--format", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    # The random test model scores near zero: check the accounting, not the score.
+    assert result["truth_rows"] == result["matched"] == 11 and result["unmatched"] == []
+    assert result["overall"]["compared"] == sum(len(t["fields"]) for t in lines)
+    assert sum(f["compared"] for f in result["fields"].values()) == result["overall"]["compared"]
+    assert len(result["documents"]) == 11 and result["cost"]["pages"] == 13 and result["cost"]["cost_usd"] > 0
+    with capsys.disabled():
+        print(f"\ninvoice2data eval (random test model): {result['overall']}, cost {result['cost']}")
