@@ -223,7 +223,7 @@ def score(truth: Sequence[TruthRow], pages: Mapping[tuple[str, int], dict[str, A
     extraction as JSON text or None). `aliases`: duplicate document URI -> the URI whose pages it shares."""
     aliases = aliases or {}
     uris = sorted({u for u, _ in pages} | set(aliases))
-    overall, fields = Tally(), {}
+    overall, fields, by_status = Tally(), {}, {}
     documents, unmatched = [], []
     for row in truth:
         found = match_source(row.source, uris)
@@ -243,6 +243,7 @@ def score(truth: Sequence[TruthRow], pages: Mapping[tuple[str, int], dict[str, A
         result = compare_fields(row.fields, extraction if isinstance(extraction, dict) else None, tolerance)
         total = result.total()
         overall.add(total)
+        by_status.setdefault(page.get("status") if page else "no page", Tally()).add(total)
         for name, tally in result.fields.items():
             fields.setdefault(name, Tally()).add(tally)
         entry = {"source": row.source, "page_index": row.page_index, "source_uri": found[0] if len(found) == 1
@@ -253,6 +254,7 @@ def score(truth: Sequence[TruthRow], pages: Mapping[tuple[str, int], dict[str, A
             unmatched.append({"source": row.source, "page_index": row.page_index, "problem": problem})
         documents.append(entry)
     return {"overall": overall.as_dict(), "fields": {k: v.as_dict() for k, v in sorted(fields.items())},
+            "by_status": {k: v.as_dict() for k, v in sorted(by_status.items(), key=lambda kv: str(kv[0]))},
             "documents": documents, "truth_rows": len(truth), "matched": len(truth) - len(unmatched),
             "unmatched": unmatched, "tolerance": tolerance}
 
@@ -268,6 +270,11 @@ def cost_figures(ledger: Mapping[str, Any], correct: int) -> dict[str, Any]:
             "usd_per_correct_field": usd / correct if correct else None,
             "gpu_seconds_per_correct_field": gpu / correct if correct else None,
             "api_usd_per_correct_field": api / correct if correct else None}
+
+
+def eval_path(output: str, tenant: str, run_id: str) -> str:
+    """Where `eval --save` keeps a run's result, and where `pagemill report` looks for it."""
+    return f"{output.rstrip('/')}/evals/tenant={tenant}/run_id={run_id}.json"
 
 
 def evaluate(output: str, truth: Sequence[TruthRow], storage: StorageConfig | None = None, run_id: str | None = None,
@@ -326,6 +333,8 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, StorageConfig]:
     parser.add_argument("--tenant", default=None, help="needed when two tenants hold the run id")
     parser.add_argument("--truth", required=True, help='JSON lines: {"source": ..., "page_index": 0, "fields": {...}}')
     parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument("--save", action="store_true",
+                        help="also write the result to DIR/evals/tenant=T/run_id=ID.json (the report shows it)")
     parser.add_argument("--number-tolerance", type=float, default=NUMBER_TOLERANCE,
                         help=f"absolute tolerance for numbers (default {NUMBER_TOLERANCE})")
     add_storage_args(parser)
@@ -347,5 +356,10 @@ def command(argv: Sequence[str]) -> int:
     except (OSError, ValueError) as err:
         print(f"pagemill eval: {err}", file=sys.stderr)
         return 1
+    if args.save:
+        from apache_beam.io.filesystems import FileSystems
+
+        with FileSystems.create(eval_path(args.output, result["tenant"], result["run_id"])) as handle:
+            handle.write(json.dumps(result, default=str, sort_keys=True).encode("utf-8"))
     print(json.dumps(result, indent=1, default=str) if args.format == "json" else render_table(result))
     return 0

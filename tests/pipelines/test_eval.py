@@ -191,3 +191,43 @@ def test_eval_of_a_corpus_run_with_invoice2data_truth(tmp_path_factory: pytest.T
     assert len(result["documents"]) == 11 and result["cost"]["pages"] == 13 and result["cost"]["cost_usd"] > 0
     with capsys.disabled():
         print(f"\ninvoice2data eval (random test model): {result['overall']}, cost {result['cost']}")
+
+
+@pytest.mark.vllm
+def test_saved_eval_becomes_the_reports_accuracy_section(extracted: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+
+    from tests.pipelines.test_report import CHROMIUM, dump_dom
+
+    pages = [p for p in one_row_per(raw_rows(extracted, "pages", "e1"), "doc_sha256", "page_index").values()
+             if p["status"] == "ok"]
+    truth = [{"source": Path(p["source_uri"]).name, "page_index": p["page_index"],
+              "fields": json.loads(p["extraction"])} for p in pages]
+    truth[0]["fields"]["currency"] = "XYZ-not-this"  # one wrong field
+    truth.append({"source": "nowhere.pdf", "fields": {"total": 1}})  # one unmatched row
+    path = tmp_path / "truth.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in truth))
+    html = tmp_path / "report.html"
+    assert cli.main(["report", "--output", str(extracted), "--html", str(html)]) == 0
+    assert '"accuracy": null' in html.read_text()  # no saved eval yet: no section
+    capsys.readouterr()
+    assert cli.main(["eval", "--output", str(extracted), "--truth", str(path), "--save", "--format", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (extracted / "evals" / "tenant=default" / "run_id=e1.json").is_file()
+    assert cli.main(["report", "--output", str(extracted), "--html", str(html)]) == 0
+    text = html.read_text()
+    data = json.loads(re.search(r'id="report-data">(.*?)</script>', text, re.S).group(1))
+    acc = data["accuracy"]
+    assert acc["overall"] == result["overall"] and acc["unmatched"] == 1
+    assert {f["label"] for f in acc["fields"]} == set(result["fields"])
+    # Routes: the model pages, and the truth row without a page.
+    routes = {r["label"]: r for r in acc["routes"]}
+    assert set(routes) == {"model", "no page"} and routes["no page"]["value"] == 0
+    assert routes["model"]["value"] == pytest.approx(100 * (result["overall"]["correct"])
+                                                     / (result["overall"]["compared"] - 1))
+    if CHROMIUM is not None:  # the chart draws (test_report checks the others)
+        dom = dump_dom(html, tmp_path)
+        assert 'data-drawn="6"' in dom and "accuracy" in re.search(r'data-charts="([^"]*)"', dom).group(1)
+        bars = re.search(r'<div id="accuracy"><svg[^>]*data-marks="(\d+)"', dom)
+        assert bars and int(bars.group(1)) == len(result["fields"])
