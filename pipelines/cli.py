@@ -17,7 +17,7 @@ USAGE = """pagemill run --input URI [--input URI ...] --output DIR [--job FILE] 
 pagemill sql --output DIR [--tenant T] [--format table|csv|json] "QUERY" | --query NAME | --list-queries
 pagemill estimate --input URI [--input URI ...] [--job FILE] [--output DIR] [--format table|json] [run options]
 pagemill report --output DIR [--tenant T] [--run-id ID] --html FILE
-pagemill eval --output DIR [--run-id ID] [--tenant T] --truth FILE [--format table|json] [--number-tolerance X]
+pagemill eval --output DIR [--run-id ID] [--tenant T] --truth FILE [--format table|json] [--save]
 pagemill make-test-model DIR"""
 
 
