@@ -344,6 +344,12 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, StorageConfig]:
 
 def command(argv: Sequence[str]) -> int:
     args, storage = parse(argv)
+    from pipelines.options import check_identifier  # run ids and tenants are folder names
+
+    bad = check_identifier("--run-id", args.run_id) or check_identifier("--tenant", args.tenant)
+    if bad:
+        print(f"pagemill eval: {bad}", file=sys.stderr)
+        return 2
     try:
         with open(args.truth, encoding="utf-8") as handle:
             truth = parse_truth(handle.read().splitlines())

@@ -91,6 +91,7 @@ def test_parse_truth_defaults_and_errors(tmp_path: Path) -> None:
             parse_truth([bad])
     (tmp_path / "t.jsonl").write_text("not json\n")
     assert cli.main(["eval", "--output", str(tmp_path), "--truth", str(tmp_path / "t.jsonl")]) == 2
+    assert cli.main(["eval", "--output", str(tmp_path), "--truth", str(tmp_path / "t.jsonl"), "--tenant", "../x"]) == 2
     with pytest.raises(SystemExit) as stop:
         cli.main(["eval", "--output", str(tmp_path), "--truth", str(tmp_path / "t.jsonl"), "--no-such-flag"])
     assert stop.value.code == 2
