@@ -218,11 +218,13 @@ def match_source(source: str, uris: Sequence[str]) -> list[str]:
 
 
 def score(truth: Sequence[TruthRow], pages: Mapping[tuple[str, int], dict[str, Any]],
-          aliases: Mapping[str, str] | None = None, tolerance: float = NUMBER_TOLERANCE) -> dict[str, Any]:
+          aliases: Mapping[str, str] | None = None, tolerance: float = NUMBER_TOLERANCE,
+          outcomes: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Scores of the truth rows against `pages` ((source_uri, page_index) -> {"status", "extraction"}, the
-    extraction as JSON text or None). `aliases`: duplicate document URI -> the URI whose pages it shares."""
-    aliases = aliases or {}
-    uris = sorted({u for u, _ in pages} | set(aliases))
+    extraction as JSON text or None). `aliases`: duplicate document URI -> the URI whose pages it shares.
+    `outcomes`: every document of the run -> its outcome (and reason), to say why a row has no page."""
+    aliases, outcomes = aliases or {}, outcomes or {}
+    uris = sorted({u for u, _ in pages} | set(aliases) | set(outcomes))
     overall, fields, by_status = Tally(), {}, {}
     documents, unmatched = [], []
     for row in truth:
@@ -233,7 +235,8 @@ def score(truth: Sequence[TruthRow], pages: Mapping[tuple[str, int], dict[str, A
             uri = aliases.get(found[0], found[0])
             page = pages.get((uri, row.page_index))
             if page is None:
-                problem = f"no page {row.page_index}"
+                problem = f"no page {row.page_index}" + (f" (document {outcomes[found[0]]})"
+                                                          if found[0] in outcomes else "")
         extraction = None
         if page is not None and page.get("extraction"):
             try:
@@ -286,6 +289,8 @@ def evaluate(output: str, truth: Sequence[TruthRow], storage: StorageConfig | No
     try:
         rows = con.execute("SELECT source_uri, page_index, status, extraction FROM pages WHERE run_id = ?",
                            [run_id]).fetchall()
+        outcomes = {u: o + (f" {r}" if r else "") for u, o, r in con.execute(
+            "SELECT source_uri, outcome, reason_code FROM documents WHERE run_id = ?", [run_id]).fetchall()}
         aliases = dict(con.execute("SELECT source_uri, duplicate_of FROM documents WHERE run_id = ? "
                                    "AND outcome = 'duplicate' AND duplicate_of IS NOT NULL", [run_id]).fetchall())
         totals = con.execute("SELECT count(*), count(*) FILTER (WHERE route = 'model'), sum(cost_usd), "
@@ -294,7 +299,7 @@ def evaluate(output: str, truth: Sequence[TruthRow], storage: StorageConfig | No
     finally:
         con.close()
     pages = {(u, i): {"status": s, "extraction": e} for u, i, s, e in rows}
-    result = score(truth, pages, aliases, tolerance)
+    result = score(truth, pages, aliases, tolerance, outcomes)
     ledger = dict(zip(("pages", "model_pages", "cost_usd", "gpu_seconds", "api_equivalent_usd"), totals, strict=True))
     return {"run_id": run_id, "tenant": tenant, **result, "cost": cost_figures(ledger, result["overall"]["correct"])}
 

@@ -73,12 +73,17 @@ def test_truth_rows_without_a_page_are_counted_and_listed() -> None:
              TruthRow("a.pdf", 1, {"total": 7}),  # no such page
              TruthRow("zz.pdf", 0, {"total": 1}),  # no such document
              TruthRow("b.pdf", 0, {"total": 1}),  # a page without an extraction: matched, missing
-             TruthRow("copy.pdf", 0, {"total": 5})]  # a duplicate document: its original's page
-    result = score(truth, pages, {"/in/copy.pdf": "/in/a.pdf"})
-    assert result["truth_rows"] == 5 and result["matched"] == 3
-    assert [(u["source"], u["page_index"]) for u in result["unmatched"]] == [("a.pdf", 1), ("zz.pdf", 0)]
-    assert result["overall"] == {"compared": 6, "correct": 3, "missing": 3, "accuracy": 0.5}
-    assert result["fields"]["total"]["compared"] == 5 and result["fields"]["total"]["correct"] == 2
+             TruthRow("copy.pdf", 0, {"total": 5}),  # a duplicate document: its original's page
+             TruthRow("bad.pdf", 0, {"total": 1})]  # a rejected document
+    result = score(truth, pages, {"/in/copy.pdf": "/in/a.pdf"},
+                   outcomes={"/in/a.pdf": "extracted", "/in/bad.pdf": "rejected unreadable"})
+    assert result["truth_rows"] == 6 and result["matched"] == 3
+    assert [(u["source"], u["page_index"], u["problem"]) for u in result["unmatched"]] == [
+        ("a.pdf", 1, "no page 1 (document extracted)"), ("zz.pdf", 0, "no document"),
+        ("bad.pdf", 0, "no page 0 (document rejected unreadable)")]
+    assert result["overall"] == {"compared": 7, "correct": 3, "missing": 4, "accuracy": round(3 / 7, 6)}
+    assert result["fields"]["total"]["compared"] == 6 and result["fields"]["total"]["correct"] == 2
+    assert result["by_status"]["no page"]["compared"] == 3
 
 
 def test_parse_truth_defaults_and_errors(tmp_path: Path) -> None:
