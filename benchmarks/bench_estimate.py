@@ -7,7 +7,7 @@ end of the PDF or PNG). Then runs `pipelines.estimate.estimate` in this process 
 the tiny test model's tokenizer unless --model is given) and prints the time of each phase, objects/s
 and the 100,000-object figure extrapolated linearly (listing, reading and measuring are per object).
 
-    .venv/bin/python benchmarks/bench_estimate.py [--objects 10000] [--workers 8] [--json]
+    .venv/bin/python benchmarks/bench_estimate.py [--objects 10000] [--workers 8] [--sample-pages 200] [--json]
 
 Prints figures; asserts nothing about time.
 """
@@ -67,6 +67,8 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--model", default=None, help="model folder for the tokenizer (default: the tiny test model)")
     p.add_argument("--read-text", default="true", choices=("true", "false"))
+    p.add_argument("--sample-pages", type=int, default=200,
+                   help="pages rendered to decide hints and detail (as `pagemill estimate`); 0: none")
     p.add_argument("--json", action="store_true", help="end with one JSON line of every figure")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-estimate-") as tmp:
@@ -82,20 +84,24 @@ def main() -> None:
         o = PagemillOptions(["--input", str(root / "in"), "--model", model, "--schema", "invoice"])
         t1 = time.perf_counter()
         r = estimate(o.view_as(PagemillOptions), StorageConfig(), workers=args.workers,
-                     read_text=args.read_text == "true")
+                     read_text=args.read_text == "true", sample_pages=args.sample_pages)
         wall = time.perf_counter() - t1
     t = r["timing"]
-    per_object = (t["list_s"] + t["scan_s"] + t["plan_s"]) / args.objects  # set-up (schema, tokenizer) is once
+    # Set-up (schema, tokenizer) is once, and rendering is bounded by --sample-pages: neither grows with objects.
+    per_object = (t["list_s"] + t["scan_s"] + t["plan_s"]) / args.objects
     figures = {"bench": "estimate", "objects": args.objects, "kinds": kinds, "make_s": round(made, 2),
-               "workers": args.workers, "read_text": args.read_text == "true", **t, "wall_s": round(wall, 2),
+               "workers": args.workers, "read_text": args.read_text == "true", "sample_pages": args.sample_pages,
+               **t, "wall_s": round(wall, 2),
                "objects_per_s": round(args.objects / wall, 1), "pages_to_model": r["pages"]["to_model"],
                "documents": r["documents"], "extrapolated_100k_s": round(per_object * 100_000 + (wall - t["list_s"]
                                                                      - t["scan_s"] - t["plan_s"]), 1)}
     print(f"estimate over {args.objects:,} objects ({kinds}; made in {made:.1f} s):")
     print(f"  set-up {t['setup_s']:.1f} s, list {t['list_s']:.1f} s, read+hash+sniff+measure {t['scan_s']:.1f} s "
-          f"({args.workers} threads, {t['bytes_read']:,} bytes), tokens+prices {t['plan_s']:.1f} s; "
+          f"({args.workers} threads, {t['bytes_read']:,} bytes), rendering {t['render_s']:.1f} s "
+          f"(--sample-pages {args.sample_pages}), tokens+prices {t['plan_s']:.1f} s; "
           f"wall {wall:.1f} s = {args.objects / wall:,.0f} objects/s")
-    print(f"  documents {r['documents']}; pages to the model {r['pages']['to_model']:,}")
+    print(f"  documents {r['documents']}; pages to the model {r['pages']['to_model']:,}; image tokens "
+          f"{r['tokens']['image']:,} (95% interval {r['detail']['image_tokens_interval_95']}); {r['detail']['method']}")
     print(f"  100,000 objects: about {figures['extrapolated_100k_s'] / 60:.1f} min (linear in objects)")
     if args.json:
         print(json.dumps(figures))

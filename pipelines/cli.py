@@ -1,4 +1,4 @@
-"""The `pagemill` command line: run | sql | make-test-model."""
+"""The `pagemill` command line: run | sql | estimate | eval | report | make-test-model."""
 from __future__ import annotations
 
 import argparse
@@ -17,6 +17,7 @@ USAGE = """pagemill run --input URI [--input URI ...] --output DIR [--job FILE] 
 pagemill sql --output DIR [--tenant T] [--format table|csv|json] "QUERY" | --query NAME | --list-queries
 pagemill estimate --input URI [--input URI ...] [--job FILE] [--output DIR] [--format table|json] [run options]
 pagemill report --output DIR [--tenant T] [--run-id ID] --html FILE
+pagemill eval --output DIR [--run-id ID] [--tenant T] --truth FILE [--format table|json] [--save]
 pagemill make-test-model DIR"""
 
 
@@ -32,6 +33,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return sql_command(rest)
     if command == "make-test-model":
         return make_test_model_command(rest)
+    if command == "eval":
+        return eval_command(rest)
     if command in ("estimate", "report"):
         return estimate_command(rest) if command == "estimate" else report_command(rest)
     print(f"pagemill: unknown command {command!r}\n{USAGE}", file=sys.stderr)
@@ -303,6 +306,12 @@ def sql_command(argv: Sequence[str]) -> int:
 
 def estimate_command(argv: Sequence[str]) -> int:
     from pipelines.estimate import command
+
+    return command(argv)
+
+
+def eval_command(argv: Sequence[str]) -> int:
+    from pipelines.eval import command
 
     return command(argv)
 

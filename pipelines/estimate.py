@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from typing import Any
 
+from pipelines.estimate_detail import Decisions, detail_summary, expected_tokens, render_decisions, stratum
 from pipelines.estimate_scan import (
     CacheKeyParts,
     Scanned,
@@ -129,8 +130,11 @@ class PagePlan:
     text_tokens: int
     status: str  # model | failed
     reason_code: str | None = None
-    detail: str = "high"
+    detail: str = "high"  # high | low | expected (not rendered: its stratum's low share, see estimate_detail)
     high_detail_image_tokens: int = 0
+    low_detail_image_tokens: int = 0
+    stratum: str = ""
+    rendered: bool = False
 
 
 @dataclass(frozen=True)
@@ -158,31 +162,54 @@ class HintPolicy:
         return bool(hint) and len(text.strip()) <= max_chars
 
 
+def _fit(size: tuple[int, int], room: int, family: str) -> tuple[int, int] | None:
+    """`prepare`'s budget rule: an image too large for the room left is shrunk to fit, or fails (None)."""
+    if budget.estimate_image_tokens(family, *size) <= room:
+        return size
+    return budget.fit_to_token_budget(size[0], size[1], room, family) if room > 0 else None
+
+
 def plan_pages(docs: Sequence[Scanned], o: PagemillOptions, prompt: PromptTokens,
-               policy: HintPolicy) -> list[PagePlan]:
-    """Each page's tokens: the hint and detail of `policy`, then `prepare`'s budget rule (an image too large
-    for the context left after the prompt and --max-tokens is shrunk to fit, or fails as over_token_budget)."""
-    pages = [(d.uri, p) for d in docs for p in d.pages]
-    hints = [policy.hint(p.text, o.max_hint_chars) for _, p in pages]
+               policy: HintPolicy, decisions: Decisions | None = None) -> list[PagePlan]:
+    """Each page's tokens: the hint and detail the hints stage chose for it when it was rendered
+    (`decisions`), else those of `policy` (detail: the measured low-detail share of its stratum when
+    there is one), then `prepare`'s budget rule (an image too large for the context left after the prompt
+    and --max-tokens is shrunk to fit, or fails as over_token_budget)."""
+    pages = [(d.uri, d.format, p) for d in docs for p in d.pages]
+    rendered = decisions.rendered if decisions else {}
+    chosen = [rendered.get((uri, p.page_index)) for uri, _, p in pages]
+    hints = [c.hint if c else policy.hint(p.text, o.max_hint_chars) for c, (_, _, p) in zip(chosen, pages, strict=True)]
+    side = policy.low_detail_side
     plans = []
-    for (uri, p), hint, text_tokens in zip(pages, hints, prompt.count_many(hints), strict=True):
+    for (uri, fmt, p), hint, text_tokens, choice in zip(pages, hints, prompt.count_many(hints), chosen, strict=True):
         if p.reason_code:
             plans.append(PagePlan(uri, p.page_index, 0, 0, 0, 0, 0, 0, "failed", p.reason_code))
             continue
-        low = policy.low(p.text, hint, o.max_hint_chars) and policy.low_detail_side > 0
-        size: tuple[int, int] | None = low_detail_size(p.width, p.height, policy.low_detail_side) if low \
-            else (p.width, p.height)
-        high_tokens = budget.estimate_image_tokens(o.model_family, p.width, p.height)
+        group = stratum(fmt, p.text)
+        share = None if choice is not None or decisions is None or policy.detail != "auto" or side <= 0 \
+            else decisions.low_share.get(group, (None, 0))[0]
+        low = (choice.low if choice is not None else policy.low(p.text, hint, o.max_hint_chars)) and side > 0
         room = o.max_model_len - o.max_tokens - text_tokens
-        if size is not None and budget.estimate_image_tokens(o.model_family, *size) > room:
-            size = budget.fit_to_token_budget(size[0], size[1], room, o.model_family) if room > 0 else None
+        high = _fit((p.width, p.height), room, o.model_family)
+        small = _fit(low_detail_size(p.width, p.height, side), room, o.model_family) if side > 0 else high
+        size = small if (low if share is None else share >= 0.5) else high
         if size is None:
             plans.append(PagePlan(uri, p.page_index, p.width, p.height, 0, 0, 0, 0, "failed", "over_token_budget"))
             continue
-        plans.append(PagePlan(uri, p.page_index, p.width, p.height, size[0], size[1],
-                              budget.estimate_image_tokens(o.model_family, *size), text_tokens, "model",
-                              detail="low" if low and size != (p.width, p.height) else "high",
-                              high_detail_image_tokens=high_tokens))
+        tokens = {k: budget.estimate_image_tokens(o.model_family, *v) if v else 0 for k, v in
+                  (("low", small), ("high", high), ("sent", size))}
+        full = budget.estimate_image_tokens(o.model_family, p.width, p.height)
+        if share is not None:  # not rendered: the expected tokens at its stratum's measured low share
+            plans.append(PagePlan(uri, p.page_index, p.width, p.height, size[0], size[1],
+                                  round(expected_tokens(tokens["low"] or tokens["high"], tokens["high"] or
+                                                        tokens["low"], share)), text_tokens, "model",
+                                  detail="expected", high_detail_image_tokens=full,
+                                  low_detail_image_tokens=tokens["low"], stratum=group))
+            continue
+        plans.append(PagePlan(uri, p.page_index, p.width, p.height, size[0], size[1], tokens["sent"], text_tokens,
+                              "model", detail="low" if low and size != (p.width, p.height) else "high",
+                              high_detail_image_tokens=full, low_detail_image_tokens=tokens["low"],
+                              stratum=group, rendered=choice is not None))
     return plans
 
 
@@ -193,7 +220,8 @@ DETAIL_NOTES = {
     "high": "every page at full size",
 }
 NOT_COUNTED = ("not counted: identical pages inside different documents (the run extracts them once; finding them "
-               "needs rendering), OCR text, pages the safety gate quarantines, hints dropped as prompt injection, "
+               "needs rendering), OCR text of pages not rendered,"
+               " pages the safety gate quarantines, hints dropped as prompt injection, "
                "retries (--max-attempts), pages that fail to render")
 HOSTED_NOTE = ("hosted APIs: each one's image-token formula on the page as sent, plus the same text and output tokens "
                "as the self-hosted model (as the ledger's api_equivalent_usd does)")
@@ -223,7 +251,7 @@ def hosted_prices(to_model: Sequence[PagePlan], tokens: dict[str, int], prices: 
 
 def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: float | None = None,
              output_tokens: float | None = None, read_text: bool = True, workers: int = 8,
-             per_page: bool = False) -> dict[str, Any]:
+             per_page: bool = False, sample_pages: int = 200, sample_seed: int = 0) -> dict[str, Any]:
     """The whole estimate as one JSON-ready dict."""
     t0 = time.perf_counter()
     schema = load_schema(o.schema)
@@ -243,7 +271,11 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
         if o.output else set()
     out_figure, out_source = output_figure(o, storage, key, output_tokens)
     prompt, policy = PromptTokens(o.model, o.model_revision, schema), HintPolicy.of(o)
-    plans = plan_pages([d for d in kept if d.doc_sha256 not in cached], o, prompt, policy)
+    todo = [d for d in kept if d.doc_sha256 not in cached]
+    t_prompt = time.perf_counter()
+    decisions = render_decisions(todo, o, policy.detail, policy.hints, sample_pages, sample_seed)
+    t_render = time.perf_counter()
+    plans = plan_pages(todo, o, prompt, policy, decisions)
     t_plan = time.perf_counter()
     to_model = [p for p in plans if p.status == "model"]
     tokens = {"image": sum(p.image_tokens for p in to_model), "text": sum(p.text_tokens for p in to_model),
@@ -258,8 +290,9 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
         f"result cache: documents whose every page has a reusable row under {o.output} for the same tenant, model, "
         "revision and schema (a document-level check)" if o.output else "result cache: not applied (no --output)",
         f"text tokens: {prompt.method}; {hints}",
-        f"detail (--detail {policy.detail}): "
-        + DETAIL_NOTES.get(policy.detail, policy.detail).format(side=policy.low_detail_side),
+        f"detail (--detail {policy.detail}): " + (decisions.method if decisions else
+                                                  DETAIL_NOTES.get(policy.detail, policy.detail).format(
+                                                      side=policy.low_detail_side)),
         f"output tokens: {out_source}",
         f"self-hosted throughput: {throughput.pages_per_s:g} pages/s, {throughput.source}",
         NOT_COUNTED, HOSTED_NOTE]
@@ -274,14 +307,15 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
                   "duplicate": sum(len(d.pages) for d in scanned if d.uri in dup),
                   "cached": sum(len(d.pages) for d in kept if d.doc_sha256 in cached),
                   "failed_before_model": dict(failed), "to_model": len(to_model)},
-        "tokens": tokens,
+        "tokens": tokens, "detail": detail_summary(to_model, decisions, policy.detail),
         "self_hosted": {"pages_per_s": throughput.pages_per_s, "throughput_source": throughput.source,
                         "gpu_hours": gpu_hours, "gpu_hourly_usd": o.gpu_hourly_usd, "usd": usd,
                         "usd_per_1k_pages": 1000 * usd / len(to_model) if to_model else 0.0},
         "hosted": hosted_prices(to_model, tokens, prices), "prices_read_on": prices.get("read_on"),
         "assumptions": assumptions,
         "timing": {"setup_s": round(t_setup - t0, 3), "list_s": round(t_list - t_setup, 3),
-                   "scan_s": round(t_scan - t_list, 3), "plan_s": round(t_plan - t_scan, 3),
+                   "scan_s": round(t_scan - t_list, 3), "render_s": round(t_render - t_prompt, 3),
+                   "plan_s": round(t_plan - t_render, 3),
                    "total_s": round(time.perf_counter() - t0, 3),
                    "bytes_read": sum(d.size for d in scanned if d.doc_sha256), "workers": workers},
     }
@@ -299,7 +333,7 @@ def render_table(r: dict[str, Any]) -> str:
         f"pagemill estimate: {', '.join(r['inputs'])} (schema {r['schema']}, model {r['model']})",
         f"  scanned    {d['listed']:,} objects in {tm['total_s']:.1f} s (set-up {tm['setup_s']:.1f} s, listing "
         f"{tm['list_s']:.1f} s, read and measured {tm['bytes_read']:,} bytes in {tm['scan_s']:.1f} s with "
-        f"{tm['workers']} threads, tokens {tm['plan_s']:.1f} s)",
+        f"{tm['workers']} threads, rendered in {tm['render_s']:.1f} s, tokens {tm['plan_s']:.1f} s)",
         f"  documents  listed {d['listed']:,}; rejected {d['rejected']:,}" + (f" ({reasons})" if reasons else "")
         + f"; duplicate {d['duplicate']:,}; cached {d['cached']:,}; to extract {d['to_extract']:,}",
         f"  pages      {p['to_model']:,} to the model; in accepted documents {p['in_accepted_documents']:,}, "
@@ -307,6 +341,9 @@ def render_table(r: dict[str, Any]) -> str:
         + (f", failing before the model {failed}" if failed else ""),
         f"  tokens     image {t['image']:,} ({t['image_at_high_detail']:,} if every page went at full detail), "
         f"text {t['text']:,}, output {t['output']:,}",
+        f"  detail     {r['detail']['method']}"
+        + ("; image tokens 95% interval {:,}-{:,}".format(*r["detail"]["image_tokens_interval_95"])
+           if r["detail"].get("extrapolated_pages") else ""),
         f"  self-hosted ${s['usd']:,.4f} (${s['usd_per_1k_pages']:,.4f} per 1,000 pages): {s['gpu_hours']:,.4f} "
         f"GPU-hours at ${s['gpu_hourly_usd']:g}/h",
         f"  hosted APIs at list prices read on {r['prices_read_on']}:",
@@ -336,6 +373,10 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, PagemillOptions, Sto
     parser.add_argument("--read-text", type=_bool, default=True, help="read PDF text layers for the hint tokens")
     parser.add_argument("--per-page", action="store_true", help="json: add one entry per page")
     parser.add_argument("--workers", type=int, default=8, help="threads reading and measuring objects")
+    parser.add_argument("--sample-pages", type=int, default=200,
+                        help="render at most this many pages to decide hints and detail as the run does (all pages "
+                             "when there are no more; else a seeded random sample, the rest extrapolated); 0: none")
+    parser.add_argument("--sample-seed", type=int, default=0, help="seed of the --sample-pages sample")
     add_storage_args(parser)
     args, rest = parser.parse_known_args(argv)
     options = PagemillOptions(merge_flags(rest, args.job))
@@ -356,7 +397,8 @@ def command(argv: Sequence[str]) -> int:
     configure(storage)
     try:
         report = estimate(o, storage, pages_per_second=args.pages_per_second, output_tokens=args.output_tokens,
-                          read_text=args.read_text, workers=args.workers, per_page=args.per_page)
+                          read_text=args.read_text, workers=args.workers, per_page=args.per_page,
+                          sample_pages=args.sample_pages, sample_seed=args.sample_seed)
     except (OSError, ValueError) as err:
         print(f"pagemill estimate: {err}", file=sys.stderr)
         return 1

@@ -151,13 +151,15 @@ def cached_documents(output: str, storage: StorageConfig, docs: dict[str, int], 
 
 
 def measured_output_tokens(output: str, storage: StorageConfig, key: CacheKeyParts) -> tuple[float, int] | None:
-    """(mean output tokens, pages) of pages extracted `ok` under `output` with the same model and schema."""
+    """(mean output tokens, pages) of pages extracted `ok` under `output` for the same tenant, model and schema
+    (joined on tenant too: two tenants may hold the same run id)."""
     con = sql.connect(output, storage)
     try:
         mean, n = con.execute(
-            "SELECT avg(l.output_tokens), count(*) FROM ledger l JOIN pages p USING (run_id, doc_sha256, page_index) "
-            "WHERE l.route = 'model' AND p.status = 'ok' AND p.model = ? AND p.schema_hash = ?",
-            [key.model, key.schema_hash]).fetchone()
+            "SELECT avg(l.output_tokens), count(*) FROM ledger l "
+            "JOIN pages p USING (tenant, run_id, doc_sha256, page_index) "
+            "WHERE l.route = 'model' AND p.status = 'ok' AND p.tenant = ? AND p.model = ? AND p.schema_hash = ?",
+            [key.tenant, key.model, key.schema_hash]).fetchone()
     finally:
         con.close()
     return (float(mean), int(n)) if n else None

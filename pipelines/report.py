@@ -163,13 +163,45 @@ def collect(output: str, storage: StorageConfig | None = None, run_id: str | Non
         con.close()
     named = {name: _named(output, storage, name, run_id, tenant)
              for name in ("cost-by-run", "cache-savings", "reject-reasons")}
+    accuracy = accuracy_section(output, tenant, run_id, routes)
     return {"run_id": run_id, "tenant": tenant, "output": output,
             "generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "started_at": manifest.get("started_at"), "outcomes": outcomes, "funnel": funnel(outcomes),
             "routes": routes, "histogram": hist, "throughput": speed,
             "reasons": [{"label": f"{r['level']}: {r['reason_code']}", "value": r["n"], "note": r["example"]}
                         for r in named["reject-reasons"]],
-            "cost": named["cost-by-run"][0] if named["cost-by-run"] else {}, "savings": named["cache-savings"]}
+            "cost": named["cost-by-run"][0] if named["cost-by-run"] else {}, "savings": named["cache-savings"],
+            "accuracy": accuracy}
+
+
+ROUTE_OF_STATUS = {"ok": "model", "invalid": "model", "cached": "cache", "duplicate": "duplicate"}
+
+
+def accuracy_section(output: str, tenant: str, run_id: str, routes: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """Per-field accuracy, and accuracy beside cost per page by route, from `pagemill eval --save`'s result
+    for this run (None when there is none)."""
+    from pipelines.eval import eval_path
+
+    path = eval_path(output, tenant, run_id)
+    if not FileSystems.exists(path):
+        return None
+    with FileSystems.open(path) as handle:
+        r = json.loads(handle.read())
+    cost = {x["route"]: x for x in routes}
+    by_route: dict[str, list[int]] = {}
+    for status, t in r.get("by_status", {}).items():
+        tally = by_route.setdefault(ROUTE_OF_STATUS.get(status, str(status)), [0, 0])
+        tally[0] += t["correct"]
+        tally[1] += t["compared"]
+    return {"overall": r["overall"], "truth_rows": r["truth_rows"], "unmatched": len(r["unmatched"]),
+            "cost": r["cost"],
+            "fields": [{"label": k, "value": 100 * (v["accuracy"] or 0),
+                        "note": f"{v['correct']} of {v['compared']} correct, {v['missing']} missing"}
+                       for k, v in r["fields"].items()],
+            "routes": [{"label": route, "value": 100 * correct / compared if compared else 0,
+                        "note": f"{correct} of {compared} fields; "
+                                f"${(cost.get(route) or {}).get('usd_per_1k') or 0:,.4f} per 1,000 pages"}
+                       for route, (correct, compared) in sorted(by_route.items())]}
 
 
 def _named(output: str, storage: StorageConfig | None, name: str, run_id: str, tenant: str) -> list[dict[str, Any]]:

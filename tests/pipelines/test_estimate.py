@@ -298,3 +298,65 @@ def test_bench_estimate_runs(tmp_path: Path) -> None:
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     assert figures["objects"] == 300 and figures["documents"]["listed"] == 300
     assert figures["documents"]["duplicate"] > 0 and figures["extrapolated_100k_s"] > 0
+
+
+def test_sample_is_seeded_and_whole_when_small() -> None:
+    from pipelines.estimate_detail import sample_documents, stratum
+
+    docs = [scanned_doc(f"d{i}", i % 3 + 1) for i in range(40)]
+    assert sample_documents(docs, 1000, 0) == docs  # no more pages than the budget: every document, in order
+    first, again, other = (sample_documents(docs, 10, s) for s in (7, 7, 8))
+    assert first == again and first != other
+    assert 10 <= sum(len(d.pages) for d in first) < 10 + 3  # stops once the budget is reached
+    assert (stratum("pdf", " x "), stratum("pdf", "  "), stratum("png", "x")) == \
+        ("pdf_text_layer", "pdf_no_text_layer", "image")
+
+
+def scanned_doc(uri: str, pages: int) -> object:
+    from pipelines.estimate_scan import Scanned
+    from transforms.page_sizes import PageSize
+
+    return Scanned(uri, 1, "accepted", None, uri, "pdf", tuple(PageSize(i, 10, 10, "t") for i in range(pages)))
+
+
+def test_interval_is_zero_without_extrapolation_and_shrinks_with_more_pages() -> None:
+    from pipelines.estimate_detail import interval
+
+    assert interval({}, {"pdf_text_layer": (0.5, 10)}, {"pdf_text_layer": 10}) == 0
+    pages = {"pdf_text_layer": [(100, 1000)] * 50}
+    few = interval(pages, {"pdf_text_layer": (0.5, 10)}, {"pdf_text_layer": 60})
+    many = interval(pages, {"pdf_text_layer": (0.5, 40)}, {"pdf_text_layer": 90})
+    assert 0 < many < few
+    # Nothing measured in the stratum: half of what going low could save, either way.
+    assert interval(pages, {}, {"pdf_text_layer": 50}) == pytest.approx(1.96 * 900 * 50 / 2)
+
+
+@pytest.mark.vllm
+@needs_vllm
+@pytest.mark.skipif(not SHARED_CORPUS.is_dir(), reason="../shared/corpus/ is absent")
+def test_default_settings_estimate_within_5_percent_of_the_ledger(tmp_path_factory: pytest.TempPathFactory,
+                                                                   test_model_dir: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.pipelines import invoice2data_run
+
+    output = invoice2data_run.corpus_run(tmp_path_factory, test_model_dir)
+    _, rows = sql.query(str(output), "SELECT sum(image_tokens), sum(text_tokens), count(*) FROM ledger "
+                                     "WHERE run_id = 'i2d' AND route = 'model'")
+    (ledger_image, ledger_text, pages), = rows
+    assert pages == 13  # the 11 PDFs: QualityHosting and free_fiber have 2 pages
+    r = estimate_json(capsys, "--input", invoice2data_run.INPUT, "--model", str(test_model_dir),
+                      *invoice2data_run.FLAGS)
+    old = estimate_json(capsys, "--input", invoice2data_run.INPUT, "--model", str(test_model_dir),
+                        "--sample-pages", "0", *invoice2data_run.FLAGS)
+    with capsys.disabled():
+        print(f"\ninvoice2data, default settings: ledger image tokens {ledger_image:,}, text {ledger_text:,}; "
+              f"estimate {r['tokens']['image']:,} / {r['tokens']['text']:,} ({r['detail']['method']}); "
+              f"without rendering {old['tokens']['image']:,} / {old['tokens']['text']:,}")
+    assert r["detail"]["rendered_pages"] == pages
+    assert abs(r["tokens"]["image"] - ledger_image) <= 0.05 * ledger_image
+    assert abs(r["tokens"]["text"] - ledger_text) <= 0.05 * ledger_text
+    # A sample of part of the pages: the ledger lies inside the stated interval.
+    part = estimate_json(capsys, "--input", invoice2data_run.INPUT, "--model", str(test_model_dir),
+                         "--sample-pages", "8", "--sample-seed", "3", *invoice2data_run.FLAGS)
+    low, high = part["detail"]["image_tokens_interval_95"]
+    assert part["detail"]["extrapolated_pages"] > 0 and low <= ledger_image <= high, part["detail"]
