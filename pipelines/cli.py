@@ -305,7 +305,7 @@ def sql_command(argv: Sequence[str]) -> int:
 
 
 def estimate_command(argv: Sequence[str]) -> int:
-    from pipelines.estimate import command
+    from pipelines.estimate_cli import command
 
     return command(argv)
 
