@@ -313,7 +313,7 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
         "assumptions": assumptions,
         "timing": {"setup_s": round(t_setup - t0, 3), "list_s": round(t_list - t_setup, 3),
                    "scan_s": round(t_scan - t_list, 3), "render_s": round(t_render - t_prompt, 3),
-                   "plan_s": round(t_plan - t_render, 3),
+                   "plan_s": round((t_prompt - t_scan) + (t_plan - t_render), 3),  # cache, tokenizer, plan
                    "total_s": round(time.perf_counter() - t0, 3),
                    "bytes_read": sum(d.size for d in scanned if d.doc_sha256), "workers": workers},
     }

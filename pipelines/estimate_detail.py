@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,8 +68,8 @@ def sample_documents(docs: Sequence[Scanned], budget: int, seed: int) -> list[Sc
     return picked
 
 
-def decide(docs: Sequence[Scanned], render: RenderSettings, hints: HintSettings, budget: int, seed: int,
-           read: Callable[[str, int], bytes] = read_capped, ocr: Callable | None = None) -> Decisions:
+def decide(docs: Sequence[Scanned], render: RenderSettings, hints: HintSettings, budget: int,
+           seed: int) -> Decisions:
     """Render up to `budget` pages (see the module doc) and record the hints stage's choice for each."""
     total = sum(len(d.pages) for d in docs)
     rendered: dict[tuple[str, int], Decision] = {}
@@ -79,7 +79,7 @@ def decide(docs: Sequence[Scanned], render: RenderSettings, hints: HintSettings,
     notes = []
     for doc in sample_documents(docs, budget, seed):
         try:
-            data = read(doc.uri, render.max_bytes)
+            data = read_capped(doc.uri, render.max_bytes)
         except Exception as err:  # noqa: BLE001 - the page keeps the extrapolated figure
             notes.append(f"{doc.uri}: not read again ({type(err).__name__})")
             continue
@@ -89,7 +89,7 @@ def decide(docs: Sequence[Scanned], render: RenderSettings, hints: HintSettings,
                 break
             if not isinstance(page, PageImage):
                 continue  # a failed page: the scan already knows (or it fails in the run too)
-            choice = choose_hint(page, hints, ocr) if ocr is not None else choose_hint(page, hints)
+            choice = choose_hint(page, hints)
             low = choice.detail == "low"
             rendered[(doc.uri, page.page_index)] = Decision(choice.hint, choice.source, low)
             counts = measured.setdefault(stratum(kinds[doc.uri], texts.get((doc.uri, page.page_index), "")), [0, 0])
@@ -157,10 +157,9 @@ def detail_summary(to_model: Sequence[Any], decisions: Decisions | None, detail:
             unrendered.setdefault(p.stratum, []).append((p.low_detail_image_tokens, p.high_detail_image_tokens))
     half = round(interval(unrendered, decisions.low_share, population))
     # Never past every extrapolated page going low, or every one going high.
-    floor = total - sum(round(expected_tokens(lo, hi, decisions.low_share.get(k, (0.0, 0))[0])) - lo
-                        for k, v in unrendered.items() for lo, hi in v)
-    ceiling = total + sum(hi - round(expected_tokens(lo, hi, decisions.low_share.get(k, (0.0, 0))[0]))
-                          for k, v in unrendered.items() for lo, hi in v)
+    extrapolated = [p for p in to_model if p.detail == "expected"]  # their image_tokens are the expected figure
+    floor = total - sum(p.image_tokens - p.low_detail_image_tokens for p in extrapolated)
+    ceiling = total + sum(p.high_detail_image_tokens - p.image_tokens for p in extrapolated)
     return {"method": decisions.method, "rendered_pages": sum(p.rendered for p in to_model),
             "extrapolated_pages": sum(len(v) for v in unrendered.values()),
             "low_share": {k: {"share": round(v[0], 4), "pages": v[1]} for k, v in decisions.low_share.items()},

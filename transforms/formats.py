@@ -83,7 +83,7 @@ def check_frame(img: Image.Image, max_pixels: int) -> None:
     each frame of a TIFF has its own size, and seeking reads the header only, never the pixels."""
     width, height = img.size
     if width * height > max_pixels:
-        frame = getattr(img, "tell", lambda: 0)()
+        frame = img.tell()
         where = f"frame {frame + 1} declares" if frame else "image declares"
         raise Image.DecompressionBombError(
             f"{where} {width}x{height} = {width * height:,} pixels, over the limit of {max_pixels:,}")

@@ -172,9 +172,10 @@ def glob_root(pattern: str) -> str | None:
     return os.path.dirname(head) or "."
 
 
-def inside(path: str, root: str) -> bool:
-    """True when `path`, with every symlink resolved, lies under `root` (resolved too)."""
-    real_root, real = os.path.realpath(root), os.path.realpath(path)
+def inside(path: str, real_root: str) -> bool:
+    """True when `path`, with every symlink resolved, lies under `real_root` (already resolved: it is
+    resolved once per listing, not once per object)."""
+    real = os.path.realpath(path)
     return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
 
 
@@ -183,6 +184,7 @@ def match_pattern(pattern: str) -> Iterator[ListedObject]:
     of the listed folder is listed with size OUTSIDE (rejected at intake as `outside_input`, never
     read); a symlink to a file inside the folder is followed."""
     root = glob_root(pattern)
+    root = os.path.realpath(root) if root is not None else None
     for meta in FileSystems.match([pattern])[0].metadata_list:
         obj = to_listed(meta)
         if root is not None and not inside(meta.path, root):

@@ -21,7 +21,7 @@ from PIL import Image, ImageOps
 from schemas.records import DocumentRecord, PageImage, PageRow
 from transforms.formats import PDFIUM_LOCK, PdfPasswordError, load_pdf, open_image, seek_frame
 from transforms.intake import read_capped
-from transforms.textlayer import TRUNCATED_FLAG, TextEvidence, pdf_text_evidence
+from transforms.textlayer import PICTURE_MIN_COVERAGE, TRUNCATED_FLAG, TextEvidence, pdf_text_evidence
 
 FAILED_PAGES = "failed_pages"
 MAX_ASPECT = 100  # well inside the 200:1 that Qwen2-VL's processor accepts, after its own rounding
@@ -147,7 +147,9 @@ def render_pdf_page(pdf: pdfium.PdfDocument, index: int,
         text = textpage.get_text_bounded()
         evidence = pdf_text_evidence(page, textpage, img)
         textpage.close()
-        raster = has_raster_image(page)
+        # Only read where it decides anything: a page whose text does not explain its ink is
+        # classified anyway (safety.holds_picture), and the walk runs under the pdfium lock.
+        raster = evidence.coverage < PICTURE_MIN_COVERAGE or has_raster_image(page)
     finally:
         page.close()
     return normalise(img, s.max_side), text, evidence, raster

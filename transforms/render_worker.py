@@ -171,8 +171,10 @@ class RenderWorker:
         start = time.monotonic() if started is None else started
         limits = self.limits
         doc_deadline = start + limits.document_timeout_s if limits.document_timeout_s > 0 else float("inf")
+        off_clock = 0.0  # the child's boot and the time later stages spent on yielded pages
         try:
-            doc_deadline += self._boot()
+            off_clock = self._boot()
+            doc_deadline += off_clock
             assert self.requests is not None and self.replies is not None
             conn = self.replies
             self.requests.send((doc, data, settings))
@@ -182,7 +184,6 @@ class RenderWorker:
             yield from missing_pages(doc, set(), "worker_crashed", f"render worker unavailable: {err} (exit {code})")
             return
         seen: set[int] = set()
-        downstream = 0.0
         while True:
             page_deadline = time.monotonic() + limits.page_timeout_s if limits.page_timeout_s > 0 else float("inf")
             try:
@@ -195,10 +196,10 @@ class RenderWorker:
                                          f"the render worker died on this document (exit code {code})")
                 return
             if message is None:
+                elapsed, over = time.monotonic() - start - off_clock, time.monotonic() >= doc_deadline
                 self.stop()
                 self.spawn()  # the next document's child boots while this one's rows go downstream
-                elapsed = time.monotonic() - start - downstream
-                if time.monotonic() >= doc_deadline:
+                if over:
                     why = (f"stopped after {elapsed:.0f} s of reading and rendering "
                            f"(--document-timeout-s {limits.document_timeout_s:g})")
                 else:
@@ -211,8 +212,8 @@ class RenderWorker:
             seen.add(message.page_index)
             handed = time.monotonic()
             yield message  # later stages fused with this one run here: off this document's clock
+            off_clock += time.monotonic() - handed
             doc_deadline += time.monotonic() - handed
-            downstream += time.monotonic() - handed
 
 
 class TimedRenderPagesDoFn(RenderPagesDoFn):

@@ -38,11 +38,9 @@ from schemas.records import DocumentRecord, DocumentRow, PageImage, PageRow
 from transforms.blocklist import Blocklists, Match, load_blocklists, usable_pdq
 from transforms.classifiers import ImageClassifier, load_classifier, load_factory
 from transforms.detail import resize_for_detail
+from transforms.textlayer import PICTURE_MIN_COVERAGE
 
 QUARANTINED = "quarantined"
-# A PDF page without raster images still gets the picture checks when less than this share of its ink
-# lies in text boxes (textlayer.coverage; rules are not counted): what is left may be a vector drawing.
-PICTURE_MIN_COVERAGE = 0.9
 SKIPPED_NOTE = "{name}:skipped_no_raster"
 
 
@@ -258,7 +256,7 @@ class SafetyGateDoFn(LoadsChecks):
         start = time.perf_counter()
         checked, verdict = screen_page(page, self.checks, self.cfg.low_detail_side)
         self.gate_ms.update(int((time.perf_counter() - start) * 1000))
-        if len(checked.flag_detail) > len(page.flag_detail):  # only the skip note is added here
+        if any(d.endswith(":skipped_no_raster") for d in checked.flag_detail[len(page.flag_detail):]):
             self.skipped.inc()
         if verdict is None:
             self.passed.inc()

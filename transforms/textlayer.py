@@ -41,6 +41,11 @@ TRUNCATED_FLAG = "hidden_text_truncated"
 Box = tuple[int, int, int, int]  # left, top, right, bottom in pixels (right/bottom exclusive)
 
 
+# A PDF page without raster images still gets the picture checks when less than this share of its ink
+# lies in text boxes (`coverage`; rules are not counted): what is left may be a vector drawing.
+PICTURE_MIN_COVERAGE = 0.9
+
+
 @dataclass(frozen=True)
 class TextEvidence:
     coverage: float
