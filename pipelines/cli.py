@@ -148,9 +148,9 @@ def page_files(output: str, tenant: str) -> list[str]:
     """This tenant's finished `pages` files under the output root: the result cache's source."""
     from apache_beam.io.filesystems import FileSystems
 
-    from transforms.write import join_uri
+    from transforms.write import join_uri, partition
 
-    pattern = join_uri(output, "pages", f"tenant={tenant}", "run_id=*", "*.parquet")
+    pattern = join_uri(partition(output, "pages", tenant, "*"), "*.parquet")
     try:
         return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
     except Exception:  # noqa: BLE001 - no output yet

@@ -35,7 +35,7 @@ from schemas.extraction import ExtractionSchema, load_schema
 from transforms import budget
 from transforms.detail import low_detail_size
 from transforms.intake import IntakeLimits
-from transforms.prompt import SYSTEM_PROMPT, chat_messages, clean_hint, user_text
+from transforms.prompt import SYSTEM_PROMPT, chat_messages, clean_hint, control_tokens, user_text
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,7 @@ class PromptTokens:
     def __init__(self, model: str, revision: str | None, schema: ExtractionSchema) -> None:
         self.schema = dict(schema.schema)
         self.tokenizer = _local_tokenizer(model, revision)
+        self.controls = control_tokens(self.tokenizer) if self.tokenizer is not None else ()
         self.method = ("exact (the tokenizer and chat template of --model)" if self.tokenizer is not None
                        else "estimate (characters / 4; --model's tokenizer is not on this machine)")
         self._empty: int | None = None  # the prompt of a page without a hint, counted once
@@ -92,7 +93,7 @@ class PromptTokens:
         return counts
 
     def _prompt(self, hint: str) -> str:
-        messages = chat_messages(self.schema, hint, tokenizer=self.tokenizer)
+        messages = chat_messages(self.schema, hint, controls=self.controls)
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def _encode(self, texts: list[str]) -> list[int]:

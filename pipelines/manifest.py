@@ -52,6 +52,8 @@ def run_counts(output: str, run_id: str, storage: Any = None, tenant: str = "def
             f"FROM ledger_all {where}", params).fetchone()
         rejected = con.execute(f"SELECT reason_code, count(*) FROM documents_all {where} AND outcome = 'rejected' "
                                "GROUP BY 1 ORDER BY 1", params).fetchall()
+        doc_reasons = con.execute(f"SELECT reason_code, count(*) FROM documents_all {where} "
+                                  "AND reason_code IS NOT NULL GROUP BY 1 ORDER BY 1", params).fetchall()
         page_reasons = con.execute(f"SELECT reason_code, count(*) FROM pages_all {where} "
                                    "AND reason_code IS NOT NULL GROUP BY 1 ORDER BY 1", params).fetchall()
         duplicates, errors = {}, []
@@ -66,7 +68,7 @@ def run_counts(output: str, run_id: str, storage: Any = None, tenant: str = "def
             "documents": sum(by("documents", "outcome").values()),
             "outcomes": by("documents", "outcome"),
             "reject_reasons": {str(k): int(n) for k, n in rejected},
-            "document_reasons": {k: n for k, n in by("documents", "reason_code").items() if k != "None"},
+            "document_reasons": {str(k): int(n) for k, n in doc_reasons},
             "page_reasons": {str(k): int(n) for k, n in page_reasons},
             "pages": by("pages", "status"),
             "routes": by("ledger", "route"),

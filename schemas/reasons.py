@@ -18,7 +18,3 @@ SYSTEM_REASONS = frozenset({
 MODEL_OUTPUT_REASONS = frozenset({"invalid_json", "schema_invalid", "truncated"})
 # Everything else (too_large, unreadable, encrypted, render_failed, worker_crashed, ...) is about the input.
 INPUT_REASONS = frozenset(REASON_CODES) - SYSTEM_REASONS - MODEL_OUTPUT_REASONS
-
-
-def is_system_failure(reason_code: str | None) -> bool:
-    return reason_code in SYSTEM_REASONS

@@ -18,6 +18,7 @@ import logging
 import queue
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -29,7 +30,7 @@ from transforms import budget
 from transforms.detail import resize_for_detail
 from transforms.engine import Completion, PageEngine
 from transforms.postfilter import SchemaValidator
-from transforms.prompt import chat_messages
+from transforms.prompt import chat_messages, control_tokens
 
 if TYPE_CHECKING:
     from transforms.extract import ExtractConfig
@@ -65,11 +66,12 @@ class Request:
     seen_starts: int = 0
 
 
-def prepare(task: PageTask, tokenizer: Any, cfg: ExtractConfig) -> Request:
-    """Decode the page, build the prompt with the model's own chat template and check it against
-    max_model_len, shrinking the page image when that is enough to make it fit."""
-    text = tokenizer.apply_chat_template(chat_messages(cfg.schema.schema, task.hint), tokenize=False,
-                                         add_generation_prompt=True)
+def prepare(task: PageTask, tokenizer: Any, cfg: ExtractConfig, controls: Sequence[str] | None = None) -> Request:
+    """Decode the page, build the prompt with the model's own chat template (the hint stripped of the
+    tokenizer's control tokens: `controls`, computed once per engine, or from the tokenizer) and check it
+    against max_model_len, shrinking the page image when that is enough to make it fit."""
+    messages = chat_messages(cfg.schema.schema, task.hint, tokenizer, controls)
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     # The template holds one image placeholder token, which the engine expands to image_tokens.
     text_tokens = len(tokenizer.encode(text, add_special_tokens=False)) - 1
     img = resize_for_detail(Image.open(io.BytesIO(task.page.image)).convert("RGB"), task.page.detail_side)
@@ -123,6 +125,7 @@ class PageFeed:
             queue.SimpleQueue()
         self._params: dict[int, Any] = {}
         self._image_id: int | None = None
+        self._controls: tuple[Any, tuple[str, ...]] | None = None  # (tokenizer, its control tokens)
         self._users = 0
         self._driver = threading.Thread(target=self._drive, name="pagemill-feed", daemon=True)
         self._driver.start()
@@ -162,14 +165,16 @@ class PageFeed:
         final result. Runs in the caller's thread, so decoding uses the stage's threads."""
         try:
             tokenizer = self.engine.tokenizer()
-            self._image_id = self.engine.image_token_id()
+            if self._controls is None or self._controls[0] is not tokenizer:  # once per (re)started engine
+                self._controls = (tokenizer, control_tokens(tokenizer))
+                self._image_id = self.engine.image_token_id()
         except Exception as err:  # noqa: BLE001 - an engine that cannot start fails its pages, not the run
             log.error("vLLM engine could not start: %s: %s", type(err).__name__, err)
             req = Request(None, 0, task.page.width, task.page.height)
             return self._finish(req, result, failed("engine_error", f"engine could not start: "
                                                                     f"{type(err).__name__}: {err}"))
         try:
-            req = prepare(task, tokenizer, self.cfg)
+            req = prepare(task, tokenizer, self.cfg, self._controls[1])
         except Exception as err:  # noqa: BLE001 - one page whose prompt cannot be built fails alone
             req = Request(None, 0, task.page.width, task.page.height)
             return self._finish(req, result, failed("engine_error", f"prompt could not be built: "

@@ -33,7 +33,6 @@ from transforms.engine import CPU_MAX_NUM_SEQS, Engine, EngineSettings, PageEngi
 from transforms.postfilter import output_flags
 from transforms.prompt import SYSTEM_PROMPT, DecodingParams, cache_key, config_key
 
-INVALID_REASONS = ("invalid_json", "schema_invalid", "truncated")
 EngineFactory = Callable[[EngineSettings], PageEngine]
 
 
@@ -127,7 +126,7 @@ def copy_row(ref: PageRef | PageImage, task: PageTask, r: ExtractionResult, engi
     """A page that shares `task`'s key: its result, at zero cost. Pure."""
     out = output_flags(r.extraction, cfg.schema.schema, SYSTEM_PROMPT)
     status = "duplicate" if r.status == "ok" else r.status
-    done = max(t for t in (r.finished_at, rendered_at) if t is not None) if (r.finished_at or rendered_at) else None
+    done = max((t for t in (r.finished_at, rendered_at) if t is not None), default=None)
     return PageRow(doc_sha256=ref.doc_sha256, source_uri=ref.source_uri, page_index=ref.page_index,
                    status=status, page_hash=ref.page_hash, width=ref.width, height=ref.height,
                    hint_source=ref.hint_source, route="duplicate",

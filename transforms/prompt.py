@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +36,7 @@ SYSTEM_PROMPT = (
 HINT_OPEN = "<<<{marker}"
 HINT_CLOSE = "{marker}>>>"
 # Bumped whenever the wording or layout of the prompt changes: it is part of every cache key.
-PROMPT_VERSION = "2"
+PROMPT_VERSION = "3"  # 3: the model's own control tokens are removed from the hint at extraction too
 
 
 def fence_marker(hint: str) -> str:
@@ -89,10 +89,14 @@ def user_text(schema: Mapping[str, Any], hint: str, marker: str | None = None) -
     return "\n".join(parts)
 
 
-def chat_messages(schema: Mapping[str, Any], hint: str, tokenizer: Any = None) -> list[dict[str, Any]]:
+def chat_messages(schema: Mapping[str, Any], hint: str, tokenizer: Any = None,
+                  controls: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Messages for the model's own chat template: one image part, then the text part. The hint is
-    cleaned again here, with the tokenizer's own control tokens when it is given."""
-    hint = strip_controls(hint, control_tokens(tokenizer) if tokenizer is not None else ()).strip() if hint else ""
+    cleaned again here, with the tokenizer's own control tokens: `controls` when the caller computed them
+    once (`control_tokens(tokenizer)`), else from `tokenizer` when it is given."""
+    if controls is None:
+        controls = control_tokens(tokenizer) if tokenizer is not None else ()
+    hint = strip_controls(hint, controls).strip() if hint else ""
     return [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": user_text(schema, hint)}]},

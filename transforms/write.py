@@ -48,7 +48,7 @@ def run_tenants(output: str, run_id: str) -> set[str]:
     """Tenants that have rows under this run id in any table (a run id belongs to one tenant)."""
     found = set()
     for table in tables.TABLES:
-        pattern = join_uri(output, table, "tenant=*", f"run_id={run_id}", "*.parquet")
+        pattern = join_uri(partition(output, table, "*", run_id), "*.parquet")
         try:
             matches = FileSystems.match([pattern])[0].metadata_list
         except Exception:  # noqa: BLE001 - nothing written yet
