@@ -17,6 +17,7 @@ from transforms.intake import REJECTED, IntakeDoFn, IntakeLimits, ListObjects
 from transforms.ocr import OcrSettings
 from transforms.outcome import DocumentOutcomes
 from transforms.pages import FAILED_PAGES, RenderPagesDoFn, RenderSettings
+from transforms.reading import ObjectReader, read_config
 from transforms.render_worker import RenderLimits, TimedRenderPagesDoFn
 from transforms.safety import QUARANTINED, DocumentGateDoFn, SafetyConfig, SafetyGateDoFn
 from transforms.write import FlushPolicy, ProgressDoFn, WriteTables
@@ -32,10 +33,17 @@ def render_settings(o: PagemillOptions) -> RenderSettings:
                           max_image_pixels=o.max_image_pixels, max_bytes=o.max_bytes)
 
 
+def object_reader(o: PagemillOptions) -> ObjectReader:
+    """How intake and rendering read input objects: explicit S3 retries (transforms/reading.py)."""
+    return ObjectReader(read_config(o, o.s3_max_attempts))
+
+
 def render_dofn(o: PagemillOptions) -> RenderPagesDoFn:
     """Rendering in a worker process under the time limits, or in this process when both are off."""
     limits = RenderLimits(document_timeout_s=o.document_timeout_s, page_timeout_s=o.page_timeout_s)
-    return TimedRenderPagesDoFn(render_settings(o), limits) if limits.enabled else RenderPagesDoFn(render_settings(o))
+    if limits.enabled:
+        return TimedRenderPagesDoFn(render_settings(o), limits, reader=object_reader(o))
+    return RenderPagesDoFn(render_settings(o), object_reader(o))
 
 
 def rendered_only(page: PageImage) -> PageRow:
@@ -138,7 +146,8 @@ def build_pipeline(p: beam.Pipeline, o: PagemillOptions, run: Mapping[str, Any],
         | "List" >> ListObjects(o.input, modified_since, modified_until)
         | "SkipDone" >> SkipDoneDocuments(list(done_files))
     )
-    intake = listed | "Intake" >> beam.ParDo(IntakeDoFn(intake_limits(o))).with_outputs(REJECTED, main="accepted")
+    intake = (listed | "Intake" >> beam.ParDo(IntakeDoFn(intake_limits(o), object_reader(o)))
+              .with_outputs(REJECTED, main="accepted"))
     # Blocklisted documents stop here, before dedup (every copy is quarantined) and before rendering.
     gated = (
         intake.accepted

@@ -48,6 +48,8 @@ class PagemillOptions(PipelineOptions):
         _flag(parser, "modified_until", default=None, help="only objects modified before (ISO time)")
         _flag(parser, "since_last_run", type=_bool, default=False,
               help="only objects modified since the last finished run of this --job_name (Beam's) and tenant")
+        _flag(parser, "s3_max_attempts", type=int, default=5,
+              help="attempts to read one s3:// input object (botocore standard retries) before `storage_error`")
         # Intake limits.
         _flag(parser, "max_bytes", type=int, default=50 * 2**20, help="reject objects larger than this")
         _flag(parser, "max_pages", type=int, default=5000, help="reject documents with more pages")

@@ -20,6 +20,7 @@ REASON_CODES = {
     "outside_input": "a symlink in a listed folder leads outside it: not followed, never read",
     "unsupported_format": "magic bytes are not a supported PDF or image format",
     "unreadable": "the object could not be read, or the parser rejected it as corrupt",
+    "storage_error": "the object store kept failing (5xx, throttling, network) past --s3-max-attempts",
     "encrypted": "PDF is password protected",
     "too_many_pages": "page count is over --max-pages",
     "page_too_large": "a page's declared size is absurd (over --max-page-points)",

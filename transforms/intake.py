@@ -10,7 +10,7 @@ import logging
 import os
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import apache_beam as beam
 import pypdfium2 as pdfium
@@ -30,6 +30,8 @@ from transforms.formats import (
     seek_frame,
     sniff_format,
 )
+from transforms.reading import STORAGE_ERROR, ObjectReader, ReadConfig, ReadFailed
+from transforms.reading import read_capped as read_capped  # its earlier home: estimate and pages import it here
 
 log = logging.getLogger(__name__)
 REJECTED = "rejected"
@@ -60,6 +62,13 @@ def size_gate(obj: ListedObject, limits: IntakeLimits) -> DocumentRow | None:
     if obj.size == 0:
         return reject(obj, "empty", "the object has zero bytes")
     return None
+
+
+def read_failed(obj: ListedObject, err: ReadFailed) -> DocumentRow:
+    """The row of an object that could not be read: the store's failure (after its retries) is `failed`
+    (a system failure), any other refusal `rejected`."""
+    row = reject(obj, err.reason_code, str(err))
+    return replace(row, outcome="failed") if err.reason_code == STORAGE_ERROR else row
 
 
 def inspect_document(obj: ListedObject, data: bytes, limits: IntakeLimits) -> DocumentRecord | DocumentRow:
@@ -112,17 +121,12 @@ def _count_pages(data: bytes, fmt: str, limits: IntakeLimits) -> int:
         return count
 
 
-def read_capped(uri: str, limit: int) -> bytes:
-    """Read at most limit + 1 bytes, so a listing that lied about the size cannot exhaust memory."""
-    with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-        return handle.read(limit + 1)
-
-
 class IntakeDoFn(beam.DoFn):
     """ListedObject -> DocumentRecord, or DocumentRow (tag `rejected`)."""
 
-    def __init__(self, limits: IntakeLimits) -> None:
+    def __init__(self, limits: IntakeLimits, reader: ObjectReader | None = None) -> None:
         self.limits = limits
+        self.reader = reader or ObjectReader(ReadConfig())
         self.rejected = Metrics.counter("pagemill", "documents_rejected")
         self.accepted = Metrics.counter("pagemill", "documents_accepted")
 
@@ -130,9 +134,9 @@ class IntakeDoFn(beam.DoFn):
         gated = size_gate(obj, self.limits)
         if gated is None:
             try:
-                data = read_capped(obj.uri, self.limits.max_bytes)
-            except Exception as err:  # noqa: BLE001 - any storage error is this object's outcome
-                gated = reject(obj, "unreadable", f"read failed: {type(err).__name__}: {err}")
+                data = self.reader.read(obj.uri, self.limits.max_bytes)
+            except ReadFailed as err:  # any storage error is this object's outcome
+                gated = read_failed(obj, err)
         result = gated if gated is not None else inspect_document(obj, data, self.limits)
         if isinstance(result, DocumentRow):
             self.rejected.inc()

@@ -20,7 +20,7 @@ from PIL import Image, ImageOps
 
 from schemas.records import DocumentRecord, PageImage, PageRow
 from transforms.formats import PDFIUM_LOCK, PdfPasswordError, load_pdf, open_image, seek_frame
-from transforms.intake import read_capped
+from transforms.reading import ObjectReader, ReadConfig, ReadFailed
 from transforms.textlayer import PICTURE_MIN_COVERAGE, TRUNCATED_FLAG, TextEvidence, pdf_text_evidence
 
 FAILED_PAGES = "failed_pages"
@@ -216,8 +216,9 @@ def render_document(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iter
 class RenderPagesDoFn(beam.DoFn):
     """DocumentRecord -> PageImage (main) and failed PageRow (tag `failed_pages`)."""
 
-    def __init__(self, settings: RenderSettings) -> None:
+    def __init__(self, settings: RenderSettings, reader: ObjectReader | None = None) -> None:
         self.settings = settings
+        self.reader = reader or ObjectReader(ReadConfig())
         self.rendered = Metrics.counter("pagemill", "pages_rendered")
         self.failed = Metrics.counter("pagemill", "pages_failed_render")
         self.render_ms = Metrics.distribution("pagemill", "render_ms")
@@ -229,11 +230,11 @@ class RenderPagesDoFn(beam.DoFn):
     def process(self, doc: DocumentRecord) -> Iterator[object]:
         started = time.monotonic()  # the document's clock starts before its bytes are read
         try:
-            data = read_capped(doc.uri, self.settings.max_bytes)
-        except Exception as err:  # noqa: BLE001
+            data = self.reader.read(doc.uri, self.settings.max_bytes)
+        except ReadFailed as err:  # storage_error after the retries, or unreadable
             for index in range(doc.page_count):
                 self.failed.inc()
-                yield beam.pvalue.TaggedOutput(FAILED_PAGES, failed_page(doc, index, "unreadable", str(err)))
+                yield beam.pvalue.TaggedOutput(FAILED_PAGES, failed_page(doc, index, err.reason_code, str(err)))
             return
         start = time.perf_counter()
         for page in self.render(doc, data, started):

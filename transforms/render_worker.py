@@ -30,6 +30,7 @@ from apache_beam.metrics import Metrics
 
 from schemas.records import DocumentRecord, PageImage, PageRow
 from transforms.pages import RenderPagesDoFn, RenderSettings, failed_page, render_document
+from transforms.reading import ObjectReader
 
 RenderFn = Callable[[DocumentRecord, bytes, RenderSettings], Iterator[PageImage | PageRow]]
 DONE, READY = "done", "ready"
@@ -219,8 +220,9 @@ class RenderWorker:
 class TimedRenderPagesDoFn(RenderPagesDoFn):
     """RenderPagesDoFn whose rendering runs in a RenderWorker under RenderLimits."""
 
-    def __init__(self, settings: RenderSettings, limits: RenderLimits, render: RenderFn = render_document) -> None:
-        super().__init__(settings)
+    def __init__(self, settings: RenderSettings, limits: RenderLimits, render: RenderFn = render_document,
+                 reader: ObjectReader | None = None) -> None:
+        super().__init__(settings, reader)
         self.limits = limits
         self.render_fn = render
 

@@ -1,0 +1,147 @@
+"""Reading one input object, capped at --max-bytes + 1, with retries that are stated rather than inherited.
+
+An `s3://` object is read with one GetObject (a Range of limit + 1 bytes) through a boto3 client that each
+DoFn instance builds once, configured here: botocore's `standard` retry mode with `--s3-max-attempts`
+attempts in all (default 5). That mode retries 500/502/503/504, throttling (`SlowDown`, `Throttling`, ...)
+and connection errors, with jittered exponential backoff (at most 20 s between attempts), and a body cut
+off mid-stream is read again from the start, up to the same count. Beam's own S3 reader is not used for
+inputs: its head-object and range reads retry on a fixed schedule of 7 retries from 5 s (ten minutes on one
+object that keeps failing), which no option changes.
+
+An object whose read still fails after the last attempt raises `ReadFailed` with reason `storage_error`
+(a failure of the system: it counts towards exit code 1); any other refusal (no such key, access denied, a
+local file that vanished) is `unreadable`, as before. Other schemes (local files, gs://) go through Beam's
+FileSystems.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+STORAGE_ERROR, UNREADABLE = "storage_error", "unreadable"
+# Error codes that say "slow down" rather than "no": botocore's standard mode retries these too.
+THROTTLING = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
+                        "TooManyRequestsException", "RequestThrottled", "ProvisionedThroughputExceededException"})
+
+
+class ReadFailed(Exception):
+    """An object could not be read; carries the reason code for its row."""
+
+    def __init__(self, reason_code: str, message: str) -> None:
+        super().__init__(message)
+        self.reason_code = reason_code
+
+
+@dataclass(frozen=True)
+class ReadConfig:
+    """How workers read input objects. The keys are Beam's S3 options of this run (empty: boto3's own
+    chain: environment, profile, instance role); never printed."""
+
+    max_attempts: int = 5
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+    s3_access_key_id: str | None = field(default=None, repr=False)
+    s3_secret_access_key: str | None = field(default=None, repr=False)
+    s3_session_token: str | None = field(default=None, repr=False)
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 60.0
+
+    def botocore_config(self) -> Any:
+        from botocore.config import Config
+
+        return Config(retries={"mode": "standard", "max_attempts": self.max_attempts},
+                      connect_timeout=self.connect_timeout_s, read_timeout=self.read_timeout_s)
+
+
+def read_config(options: Any, max_attempts: int) -> ReadConfig:
+    """From a run's pipeline options (Beam's S3Options hold the storage settings, pipelines/storage.py)."""
+    from apache_beam.options.pipeline_options import S3Options
+
+    s3 = options.view_as(S3Options)
+    return ReadConfig(max_attempts=max_attempts, s3_endpoint_url=s3.s3_endpoint_url, s3_region=s3.s3_region_name,
+                      s3_access_key_id=s3.s3_access_key_id, s3_secret_access_key=s3.s3_secret_access_key,
+                      s3_session_token=s3.s3_session_token)
+
+
+def read_capped(uri: str, limit: int) -> bytes:
+    """Read at most limit + 1 bytes through Beam's FileSystems, so a listing that lied about the size
+    cannot exhaust memory."""
+    with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        return handle.read(limit + 1)
+
+
+def is_storage_failure(err: Exception) -> bool:
+    """Whether an error from boto3 is the store failing (5xx, throttling, the network) rather than a refusal."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    if isinstance(err, ClientError):
+        status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        return status >= 500 or status == 429 or err.response.get("Error", {}).get("Code") in THROTTLING
+    return isinstance(err, BotoCoreError) and not _is_credentials_error(err)
+
+
+def _is_credentials_error(err: Exception) -> bool:
+    from botocore.exceptions import NoCredentialsError, PartialCredentialsError
+
+    return isinstance(err, NoCredentialsError | PartialCredentialsError)
+
+
+class ObjectReader:
+    """Reads input objects for one DoFn instance; its S3 client is built on first use (not pickled)."""
+
+    def __init__(self, cfg: ReadConfig) -> None:
+        self.cfg = cfg
+        self._client: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"cfg": self.cfg, "_client": None}
+
+    def client(self) -> Any:
+        if self._client is None:
+            import boto3
+
+            c = self.cfg
+            self._client = boto3.session.Session().client(
+                "s3", endpoint_url=c.s3_endpoint_url, region_name=c.s3_region, aws_access_key_id=c.s3_access_key_id,
+                aws_secret_access_key=c.s3_secret_access_key, aws_session_token=c.s3_session_token,
+                config=c.botocore_config())
+        return self._client
+
+    def read(self, uri: str, limit: int) -> bytes:
+        """At most limit + 1 bytes of `uri`. Raises ReadFailed."""
+        if not uri.startswith("s3://"):
+            try:
+                return read_capped(uri, limit)
+            except Exception as err:
+                raise ReadFailed(UNREADABLE, f"read failed: {type(err).__name__}: {err}") from err
+        return self._read_s3(uri, limit)
+
+    def _read_s3(self, uri: str, limit: int) -> bytes:
+        from botocore.exceptions import ClientError, IncompleteReadError, ResponseStreamingError
+
+        parsed = urlparse(uri)
+        bucket, key = parsed.netloc, parsed.path.lstrip("/")
+        attempts = max(1, self.cfg.max_attempts)
+        for attempt in range(1, attempts + 1):
+            try:
+                response = self.client().get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{limit}")
+                return response["Body"].read()
+            except (ResponseStreamingError, IncompleteReadError) as err:  # the body was cut off: read it again
+                if attempt == attempts:
+                    raise ReadFailed(STORAGE_ERROR, f"read failed after {attempts} attempts: {err}") from err
+            except ClientError as err:
+                if err.response.get("Error", {}).get("Code") == "InvalidRange":  # a zero-byte object
+                    return b""
+                raise _failed(err) from err
+            except Exception as err:
+                raise _failed(err) from err
+        raise AssertionError("unreachable")
+
+
+def _failed(err: Exception) -> ReadFailed:
+    reason = STORAGE_ERROR if is_storage_failure(err) else UNREADABLE
+    return ReadFailed(reason, f"read failed: {type(err).__name__}: {err}")
