@@ -53,7 +53,8 @@ class ReadConfig:
     def botocore_config(self) -> Any:
         from botocore.config import Config
 
-        return Config(retries={"mode": "standard", "max_attempts": self.max_attempts},
+        # `total_max_attempts` counts the first attempt too (`max_attempts` in a Config counts retries only).
+        return Config(retries={"mode": "standard", "total_max_attempts": max(1, self.max_attempts)},
                       connect_timeout=self.connect_timeout_s, read_timeout=self.read_timeout_s)
 
 
