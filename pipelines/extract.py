@@ -16,6 +16,7 @@ from transforms.hints import HintsDoFn, HintSettings, Ocr
 from transforms.intake import REJECTED, IntakeDoFn, IntakeLimits, ListObjects
 from transforms.ocr import OcrSettings
 from transforms.outcome import DocumentOutcomes
+from transforms.page_work import PageStages
 from transforms.pages import FAILED_PAGES, RenderPagesDoFn, RenderSettings
 from transforms.reading import ObjectReader, read_config
 from transforms.render_worker import RenderLimits, TimedRenderPagesDoFn
@@ -38,11 +39,13 @@ def object_reader(o: PagemillOptions) -> ObjectReader:
     return ObjectReader(read_config(o, o.s3_max_attempts))
 
 
-def render_dofn(o: PagemillOptions) -> RenderPagesDoFn:
-    """Rendering in a worker process under the time limits, or in this process when both are off."""
+def render_dofn(o: PagemillOptions, ocr: Ocr | None = None) -> RenderPagesDoFn:
+    """Rendering, the safety gate and the hints in a worker process under the time limits
+    (transforms/page_work.py); with both limits off, rendering alone, in this process."""
     limits = RenderLimits(document_timeout_s=o.document_timeout_s, page_timeout_s=o.page_timeout_s)
     if limits.enabled:
-        return TimedRenderPagesDoFn(render_settings(o), limits, reader=object_reader(o))
+        return TimedRenderPagesDoFn(render_settings(o), limits, reader=object_reader(o),
+                                    stages=PageStages(safety_config(o), hint_settings(o), ocr))
     return RenderPagesDoFn(render_settings(o), object_reader(o))
 
 
@@ -162,17 +165,20 @@ def build_pipeline(p: beam.Pipeline, o: PagemillOptions, run: Mapping[str, Any],
         # Reused rows are re-checked against today's blocklists here, before anything is rendered.
         split = dedup.kept | "DocumentCache" >> SkipCachedDocuments(earlier, safety_config(o))
         to_render, cached = split.render, split[CACHED]
-    rendered = (
-        to_render
-        | "RenderPages" >> beam.ParDo(render_dofn(o)).with_outputs(FAILED_PAGES, main="pages")
-    )
-    safe = (
-        rendered.pages
-        | "SafetyGate" >> beam.ParDo(SafetyGateDoFn(safety_config(o))).with_outputs(QUARANTINED, main="clean")
-    )
-    hinted = safe.clean | "Hints" >> beam.ParDo(HintsDoFn(hint_settings(o), ocr))
+    render = render_dofn(o, ocr)
+    rendered = to_render | "RenderPages" >> beam.ParDo(render).with_outputs(FAILED_PAGES, main="pages")
+    parts: tuple[beam.PCollection, ...] = (rendered[FAILED_PAGES],)
+    if isinstance(render, TimedRenderPagesDoFn):  # gated and hinted in the render worker, under the limits
+        hinted = rendered.pages
+    else:
+        safe = (
+            rendered.pages
+            | "SafetyGate" >> beam.ParDo(SafetyGateDoFn(safety_config(o))).with_outputs(QUARANTINED, main="clean")
+        )
+        hinted = safe.clean | "Hints" >> beam.ParDo(HintsDoFn(hint_settings(o), ocr))
+        parts += (safe[QUARANTINED],)
     extracted = extract_pages(hinted, o, cfg, earlier, engine_factory)
-    parts = (extracted, rendered[FAILED_PAGES], safe[QUARANTINED]) + ((cached,) if cached is not None else ())
+    parts += (extracted,) + ((cached,) if cached is not None else ())
     pages = parts | "AllPages" >> beam.Flatten()
     kept = pages | "Outcomes" >> DocumentOutcomes(dedup.kept)
     documents = (intake[REJECTED], gated[QUARANTINED], dedup[DUPLICATES], kept) | "AllDocuments" >> beam.Flatten()

@@ -156,15 +156,7 @@ class HintsDoFn(beam.DoFn):
         self.injections = Metrics.counter("pagemill", "hints_prompt_injection")
 
     def setup(self) -> None:
-        # Tesseract's configuration is checked once per worker: a missing binary or language gives
-        # every OCR'd page an `ocr_failed` flag (and no OCR hint), never a failed bundle.
-        self._ocr: Ocr = self.ocr or run_tesseract
-        if self.ocr is None and self.settings.mode in ("auto", "ocr") and self.settings.allow_ocr:
-            installed = set(available_languages())
-            missing = [lang for lang in self.settings.ocr.lang.split("+") if lang not in installed]
-            if missing:
-                reason = "tesseract is not installed" if not installed else f"no Tesseract language {missing}"
-                self._ocr = _unavailable(reason)
+        self._ocr: Ocr = ocr_for(self.settings, self.ocr)
 
     def process(self, page: PageImage) -> Iterator[PageImage]:
         choice = choose_hint(page, self.settings, self._ocr)
@@ -174,6 +166,20 @@ class HintsDoFn(beam.DoFn):
         if "prompt_injection" in choice.flags:
             self.injections.inc()
         yield apply_hint(page, choice, self.settings)
+
+
+def ocr_for(settings: HintSettings, ocr: Ocr | None = None) -> Ocr:
+    """The OCR to use: `ocr` if given, else Tesseract, whose configuration is checked once per process: a
+    missing binary or language gives every OCR'd page an `ocr_failed` flag (and no OCR hint), never a
+    failed bundle."""
+    if ocr is not None:
+        return ocr
+    if settings.mode in ("auto", "ocr") and settings.allow_ocr:
+        installed = set(available_languages())
+        missing = [lang for lang in settings.ocr.lang.split("+") if lang not in installed]
+        if missing:
+            return _unavailable("tesseract is not installed" if not installed else f"no Tesseract language {missing}")
+    return run_tesseract
 
 
 def _unavailable(reason: str) -> Ocr:

@@ -241,7 +241,8 @@ class RenderPagesDoFn(beam.DoFn):
             now = time.perf_counter()
             self.render_ms.update(int((now - start) * 1000))
             if isinstance(page, PageRow):
-                self.failed.inc()
+                if page.status == "failed":  # not a page the render worker's gate quarantined
+                    self.failed.inc()
                 yield beam.pvalue.TaggedOutput(FAILED_PAGES, page)
             else:
                 self.rendered.inc()

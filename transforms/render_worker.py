@@ -1,20 +1,21 @@
-"""A render worker process: one document's pages rendered under a time limit that actually stops the work.
+"""A render worker process: one document's pages rendered, gated and hinted under a time limit that actually
+stops the work.
 
 pdfium cannot be interrupted inside a call (a page of a pathological PDF can take minutes), and a thread
 cannot be killed; only a process can. So each RenderPagesDoFn instance keeps one long-lived child process
 (a fresh interpreter, not a fork: the Beam worker that owns it has gRPC threads, which `fork` would copy
 half-way; and not multiprocessing's `spawn`, which re-imports the launching script as `__main__`), sends it
-one document at a time, and receives the pages over a pipe as the child finishes them. When the
+one document at a time, and receives the pages over a pipe as the child finishes them (rendered, through
+the safety gate, with their hints: transforms/page_work.py). When the
 document's deadline (`--document-timeout-s`) or a page's (`--page-timeout-s`) passes with no page ready,
 the child is killed and replaced for the next document; pages that arrived before keep their rows, and
 every page still missing gets a failed row with reason `timeout` (`worker_crashed` if the child died on
-its own). The document's clock runs while it is read and rendered; the time that later stages fused with
-this one (Beam runs them in the same thread as each page is yielded: safety gate, hints, and possibly the
-model) spend on its pages is not charged to it, so a long document is never cut short by GPU time. Those
-stages have limits of their own (Tesseract: --ocr-timeout-s).
+its own). The document's clock runs while it is read, rendered, gated and hinted; the time that later
+stages fused with this one (Beam runs them in the same thread as each page is yielded: the model) spend on
+its pages is not charged to it, so a long document is never cut short by GPU time.
 
-The parent reads the bytes (its FileSystems hold the storage options) and the child only renders: no
-credentials (its environment is minimal), no I/O.
+The parent reads the bytes (its reader holds the storage options) and loads the blocklists; the child gets
+no credentials (its environment is minimal) and does no storage I/O.
 """
 from __future__ import annotations
 
@@ -22,17 +23,18 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from apache_beam.metrics import Metrics
 
 from schemas.records import DocumentRecord, PageImage, PageRow
+from transforms.blocklist import load_blocklists
+from transforms.page_work import DocumentWork, PageStages, RenderFn
 from transforms.pages import RenderPagesDoFn, RenderSettings, failed_page, render_document
 from transforms.reading import ObjectReader
 
-RenderFn = Callable[[DocumentRecord, bytes, RenderSettings], Iterator[PageImage | PageRow]]
 DONE, READY = "done", "ready"
 STARTUP_TIMEOUT_S = 120.0  # a child that cannot import its modules in this long is broken, not slow
 
@@ -47,14 +49,16 @@ class RenderLimits:
         return self.document_timeout_s > 0 or self.page_timeout_s > 0
 
 
-CHILD_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR")
+CHILD_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TESSDATA_PREFIX")
+# A --safety-check that needs a key of its own (a vendor service) reads it from a variable named so.
+CHILD_ENV_PREFIXES = ("PAGEMILL_CHECK_",)
 CHILD_COMMAND = "from transforms.render_worker import child_main; child_main()"
 
 
 def child_env(environ: Mapping[str, str], path: list[str]) -> dict[str, str]:
     """Pure: the child's environment: what Python needs, and this process's import path; no credentials
     (the worker's environment holds Beam's PIPELINE_OPTIONS, storage keys among them)."""
-    env = {k: environ[k] for k in CHILD_ENV_KEYS if k in environ}
+    env = {k: v for k, v in environ.items() if k in CHILD_ENV_KEYS or k.startswith(CHILD_ENV_PREFIXES)}
     env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
     return env
 
@@ -77,7 +81,12 @@ def child_main() -> None:
     replies = Connection(os.dup(1), readable=False)
     os.dup2(2, 1)
     requests = Connection(os.dup(0), writable=False)
-    render = requests.recv()  # the render function, pickled by reference
+    render = requests.recv()  # the render function (pickled by reference), or a DocumentWork
+    try:
+        getattr(render, "prepare", lambda: None)()  # the classifier and checks: once, off any clock
+    except Exception as err:  # noqa: BLE001 - told to the parent, which stops the run with it
+        replies.send(("error", f"{type(err).__name__}: {err}"))
+        return
     replies.send(READY)
     serve(requests, replies, render)
 
@@ -131,7 +140,11 @@ class RenderWorker:
         if self.booted:
             return 0.0
         waited = time.monotonic()
-        if not self.replies.poll(STARTUP_TIMEOUT_S) or self.replies.recv() != READY:
+        reply = self.replies.recv() if self.replies.poll(STARTUP_TIMEOUT_S) else None
+        if isinstance(reply, tuple):  # its checks could not be built: a configuration error, not this document's
+            self.stop()
+            raise RuntimeError(f"the render worker could not load the safety checks or OCR: {reply[1]}")
+        if reply != READY:
             raise EOFError(f"the render worker did not start within {STARTUP_TIMEOUT_S:g} s")
         self.booted = True
         return time.monotonic() - waited
@@ -201,10 +214,10 @@ class RenderWorker:
                 self.stop()
                 self.spawn()  # the next document's child boots while this one's rows go downstream
                 if over:
-                    why = (f"stopped after {elapsed:.0f} s of reading and rendering "
+                    why = (f"stopped after {elapsed:.0f} s of reading, rendering, safety checks and hints "
                            f"(--document-timeout-s {limits.document_timeout_s:g})")
                 else:
-                    why = f"a page took over --page-timeout-s {limits.page_timeout_s:g} to render"
+                    why = f"a page took over --page-timeout-s {limits.page_timeout_s:g} to render, check and hint"
                 yield from missing_pages(doc, seen, "timeout", f"{len(seen)} of {doc.page_count} pages done; {why}")
                 return
             if isinstance(message, str):  # DONE
@@ -218,16 +231,22 @@ class RenderWorker:
 
 
 class TimedRenderPagesDoFn(RenderPagesDoFn):
-    """RenderPagesDoFn whose rendering runs in a RenderWorker under RenderLimits."""
+    """RenderPagesDoFn whose rendering runs in a RenderWorker under RenderLimits. With `stages`, the
+    worker also runs the safety gate and the hints (transforms/page_work.py): its main output is then
+    pages ready for the model, and quarantined rows leave with the failed ones (tag `failed_pages`)."""
 
     def __init__(self, settings: RenderSettings, limits: RenderLimits, render: RenderFn = render_document,
-                 reader: ObjectReader | None = None) -> None:
+                 reader: ObjectReader | None = None, stages: PageStages | None = None) -> None:
         super().__init__(settings, reader)
         self.limits = limits
         self.render_fn = render
+        self.stages = stages
 
     def setup(self) -> None:
-        self.worker = RenderWorker(self.limits, self.render_fn)
+        work: RenderFn = self.render_fn
+        if self.stages is not None:  # the lists are read here, where the storage options are
+            work = DocumentWork(self.stages, load_blocklists(self.stages.safety.blocklists), self.render_fn)
+        self.worker = RenderWorker(self.limits, work)
         self.worker.spawn()  # boots while the first documents are listed and read
         self.workers_started = Metrics.counter("pagemill", "render_workers_started")
         self.counted = 0

@@ -141,8 +141,9 @@ class Checks:
     others: list[PageCheck]
 
 
-def load_checks(cfg: SafetyConfig) -> Checks:
-    lists = load_blocklists(cfg.blocklists)
+def load_checks(cfg: SafetyConfig, lists: Blocklists | None = None) -> Checks:
+    """`lists`: already loaded (the render process gets them from its Beam worker, which can read them)."""
+    lists = load_blocklists(cfg.blocklists) if lists is None else lists
     others: list[PageCheck] = [load_factory(spec)() for spec in cfg.checks]
     classifier = load_classifier(cfg.nsfw_classifier)
     if classifier is not None:

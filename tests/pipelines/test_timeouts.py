@@ -49,3 +49,25 @@ def test_slow_pdf_times_out_and_the_run_goes_on(tmp_path: Path, mode: list[str])
     assert manifest["exit_code"] == run.returncode == 1
     assert "failed for system reasons" in manifest["exit_reason"]
     print(f"{mode or 'in_memory'}: {elapsed:.1f} s wall, slow.pdf {slow['outcome']}: {slow['message']}")
+
+
+def test_hung_safety_check_times_out_its_document_and_the_run_goes_on(tmp_path: Path) -> None:
+    """The gate runs under the limit too: a --safety-check that stops answering on one document's second
+    page (tests/transforms/test_page_work.py's fault injector) ends that document `timeout`, its first page
+    keeps its row, and the other document is done."""
+    inputs, out = tmp_path / "in", tmp_path / "out"
+    inputs.mkdir()
+    (inputs / "hangs.pdf").write_bytes(docmaker.multipage_pdf(3, title="Hangs"))
+    (inputs / "normal.pdf").write_bytes(docmaker.multipage_pdf(1))
+    args = ["run", "--input", str(inputs), "--output", str(out), "--run-id", "h", "--extract", "false",
+            "--hints", "text_layer", "--nsfw-classifier", "none", "--document-timeout-s", "10",
+            "--safety-check", "tests.transforms.test_page_work:hangs_in_hangs_pdf", "--progress-every-s", "0"]
+    run = subprocess.run([sys.executable, "-m", "pipelines.cli", *args], cwd=REPO, capture_output=True, text=True,
+                         timeout=150, env={**os.environ, "PYTHONPATH": str(REPO)})  # the hang guard
+    assert run.returncode == 1, run.stderr[-3000:]  # one document in two failed for a system reason
+    docs = {Path(u).name: d for u, d in one_row_per(raw_rows(out, "documents", "h"), "source_uri").items()}
+    assert (docs["normal.pdf"]["outcome"], docs["normal.pdf"]["reason_code"]) == ("rendered", None)
+    assert (docs["hangs.pdf"]["outcome"], docs["hangs.pdf"]["reason_code"]) == ("partial", "timeout")
+    pages = one_row_per(raw_rows(out, "pages", "h"), "source_uri", "page_index")
+    hung = sorted((i, p["status"], p["reason_code"]) for (uri, i), p in pages.items() if uri.endswith("hangs.pdf"))
+    assert hung == [(0, "rendered", None), (1, "failed", "timeout"), (2, "failed", "timeout")]
