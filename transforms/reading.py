@@ -77,18 +77,13 @@ def read_capped(uri: str, limit: int) -> bytes:
 
 def is_storage_failure(err: Exception) -> bool:
     """Whether an error from boto3 is the store failing (5xx, throttling, the network) rather than a refusal."""
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore import exceptions as x
 
-    if isinstance(err, ClientError):
+    if isinstance(err, x.ClientError):
         status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
         return status >= 500 or status == 429 or err.response.get("Error", {}).get("Code") in THROTTLING
-    return isinstance(err, BotoCoreError) and not _is_credentials_error(err)
-
-
-def _is_credentials_error(err: Exception) -> bool:
-    from botocore.exceptions import NoCredentialsError, PartialCredentialsError
-
-    return isinstance(err, NoCredentialsError | PartialCredentialsError)
+    # The network: no connection, a timeout, a connection or body cut off. Not a bad parameter or no keys.
+    return isinstance(err, x.ConnectionError | x.HTTPClientError | x.ResponseStreamingError | x.IncompleteReadError)
 
 
 class ObjectReader:

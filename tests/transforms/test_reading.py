@@ -7,7 +7,13 @@ import pickle
 from pathlib import Path
 
 import pytest
-from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+from botocore.exceptions import (
+    ClientError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    ParamValidationError,
+    ReadTimeoutError,
+)
 
 from transforms.reading import UNREADABLE, ObjectReader, ReadConfig, ReadFailed, is_storage_failure
 
@@ -20,7 +26,8 @@ def client_error(status: int, code: str) -> ClientError:
 @pytest.mark.parametrize(("err", "storage"), [
     (client_error(500, "InternalError"), True), (client_error(503, "SlowDown"), True),
     (client_error(400, "Throttling"), True), (client_error(429, "TooManyRequests"), True),
-    (EndpointConnectionError(endpoint_url="http://x"), True),
+    (EndpointConnectionError(endpoint_url="http://x"), True), (ReadTimeoutError(endpoint_url="http://x"), True),
+    (ParamValidationError(report="bad"), False),
     (client_error(404, "NoSuchKey"), False), (client_error(403, "AccessDenied"), False),
     (NoCredentialsError(), False)])
 def test_store_failures_and_refusals(err: Exception, storage: bool) -> None:
