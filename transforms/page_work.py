@@ -13,9 +13,11 @@ them again).
 """
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from schemas.records import DocumentRecord, PageImage, PageRow
 from transforms.blocklist import Blocklists
@@ -24,6 +26,8 @@ from transforms.pages import RenderSettings, render_document
 from transforms.safety import Checks, SafetyConfig, load_checks, quarantined_page, screen_page
 
 RenderFn = Callable[[DocumentRecord, bytes, RenderSettings], Iterator[PageImage | PageRow]]
+T = TypeVar("T")
+RENDER_AHEAD = 2  # pages rendered ahead of the gate: enough to overlap, little memory (JPEG bytes)
 
 
 @dataclass(frozen=True)
@@ -65,5 +69,29 @@ class DocumentWork:
     def __call__(self, doc: DocumentRecord, data: bytes, settings: RenderSettings) -> Iterator[PageImage | PageRow]:
         self.prepare()
         assert self._checks is not None and self._ocr is not None
-        for page in self.render(doc, data, settings):
+        for page in ahead(self.render(doc, data, settings), RENDER_AHEAD):
             yield page if isinstance(page, PageRow) else gate_and_hint(page, self._checks, self.stages, self._ocr)
+
+
+def ahead(items: Iterator[T], depth: int) -> Iterator[T]:
+    """`items`, produced by a thread up to `depth` ahead of the consumer: the next page renders while this
+    one is checked and hinted (pdfium, Pillow and numpy release the GIL), as when the two ran in separate
+    processes. The consumer must read to the end (the render process always does: it is killed otherwise)."""
+    slots: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=depth)
+
+    def produce() -> None:
+        try:
+            for item in items:
+                slots.put((True, item))
+            slots.put((False, None))
+        except BaseException as err:  # noqa: BLE001 - raised again in the consumer
+            slots.put((False, err))
+
+    threading.Thread(target=produce, name="render-ahead", daemon=True).start()
+    while True:
+        more, item = slots.get()
+        if not more:
+            if item is not None:
+                raise item
+            return
+        yield item

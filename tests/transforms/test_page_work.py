@@ -7,6 +7,7 @@ import hashlib
 import os
 import pickle
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from tests import docmaker
 from transforms.blocklist import Blocklists
 from transforms.hints import HintSettings
 from transforms.ocr import OcrResult, OcrSettings
-from transforms.page_work import DocumentWork, PageStages
+from transforms.page_work import DocumentWork, PageStages, ahead
 from transforms.pages import RenderSettings, render_document
 from transforms.render_worker import RenderLimits, RenderWorker
 from transforms.safety import SafetyConfig, Verdict
@@ -167,3 +168,16 @@ def test_work_crosses_to_the_process_without_its_built_checks() -> None:
     work.prepare()
     copy = pickle.loads(pickle.dumps(work))
     assert work._checks is not None and copy._checks is None and copy.stages == work.stages
+
+
+def test_pages_rendered_ahead_keep_their_order_and_errors() -> None:
+    assert list(ahead(iter(range(50)), 2)) == list(range(50))
+
+    def broken() -> Iterator[int]:
+        yield 1
+        raise ValueError("pdfium said no")
+
+    got = ahead(broken(), 2)
+    assert next(got) == 1
+    with pytest.raises(ValueError, match="pdfium said no"):
+        next(got)
