@@ -80,7 +80,7 @@ def drill(server: Any, pages: int, kill_after_s: float, concurrency: int, work: 
     result: dict[str, Any] = {}
     thread = threading.Thread(target=lambda: result.update(zip(("code", "wall"), run(
         ["--input", str(inputs), "--output", str(out), "--run-id", "drill", "--engine", "openai", "--endpoint",
-         server.url, "--model", "tiny", "--concurrency", str(concurrency), *FLAGS]))))
+         server.url, "--model", "tiny", "--concurrency", str(concurrency), *FLAGS]), strict=True)))
     t0 = time.perf_counter()
     thread.start()
     time.sleep(kill_after_s)

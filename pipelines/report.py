@@ -30,7 +30,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines import queries, sql
 from pipelines.storage import StorageConfig, add_storage_args, configure, storage_from
-from schemas.records import model_routes_sql
+from schemas.records import API_ROUTE_PREFIX, model_routes_sql
 
 HISTOGRAM_BINS = 12
 
@@ -191,9 +191,13 @@ def accuracy_section(output: str, tenant: str, run_id: str, routes: Sequence[dic
     with FileSystems.open(path) as handle:
         r = json.loads(handle.read())
     cost = {x["route"]: x for x in routes}
+    # Pages the model answered went by this run's model route: in-process, served or a hosted API.
+    model = next((x["route"] for x in routes if x["route"] in ("model", "served")
+                  or str(x["route"]).startswith(API_ROUTE_PREFIX)), "model")
     by_route: dict[str, list[int]] = {}
     for status, t in r.get("by_status", {}).items():
-        tally = by_route.setdefault(ROUTE_OF_STATUS.get(status, str(status)), [0, 0])
+        route = ROUTE_OF_STATUS.get(status, str(status))
+        tally = by_route.setdefault(model if route == "model" else route, [0, 0])
         tally[0] += t["correct"]
         tally[1] += t["compared"]
     return {"overall": r["overall"], "truth_rows": r["truth_rows"], "unmatched": len(r["unmatched"]),
