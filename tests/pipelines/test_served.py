@@ -41,6 +41,34 @@ def rows(output: Path, query: str) -> list[dict]:
     return [dict(zip(columns, v, strict=True)) for v in values]
 
 
+def test_options_choose_the_route_and_the_requests_in_flight() -> None:
+    from pipelines.extract import endpoint_settings, extract_config, model_route
+    from pipelines.options import PagemillOptions
+
+    def opts(*flags: str) -> PagemillOptions:
+        return PagemillOptions(list(flags)).view_as(PagemillOptions)
+
+    assert model_route(opts()) == "model"
+    served = opts("--engine", "openai", "--endpoint", "http://h:8000", "--concurrency", "5", "--model", "m")
+    assert (model_route(served), extract_config(served).max_in_flight) == ("served", 10)
+    s = endpoint_settings(served)
+    assert (s.base_url, s.model, s.concurrency) == ("http://h:8000/v1", "m", 5)
+    hosted = opts("--engine", "openai", "--endpoint-kind", "hosted", "--api-price", "claude-sonnet")
+    assert extract_config(hosted).route == "api:claude-sonnet"
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    ([], "--engine openai needs --endpoint URL"),
+    (["--endpoint", "gpu-7:8000"], "not an http(s) URL"),
+    (["--endpoint", "http://127.0.0.1:1/v1", "--api-key-env", "PAGEMILL_NO_SUCH_VARIABLE"],
+     "--api-key-env PAGEMILL_NO_SUCH_VARIABLE: that environment variable is not set"),
+])
+def test_endpoint_option_problems_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   flags: list[str], says: str) -> None:
+    code = cli.main(["run", "--input", invoice2data_run.INPUT, "--output", str(tmp_path / "out"), *FLAGS, *flags])
+    assert code == 2 and says in capsys.readouterr().err
+
+
 def test_down_endpoint_fails_preflight_in_seconds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     t0 = time.monotonic()
     code = cli.main(["run", "--input", invoice2data_run.INPUT, "--output", str(tmp_path / "out"),
