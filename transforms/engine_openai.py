@@ -33,6 +33,7 @@ import itertools
 import logging
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Mapping
@@ -135,7 +136,8 @@ def sampling_body(schema: ExtractionSchema, max_tokens: int, attempt: int) -> di
     temperature, top_p = (0.0, 1.0) if attempt == 1 else (0.7, 0.95)
     return {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
             "response_format": {"type": "json_schema",
-                                "json_schema": {"name": schema.schema_id, "schema": dict(schema.schema),
+                                "json_schema": {"name": re.sub(r"[^A-Za-z0-9_-]", "_", schema.schema_id)[:64],
+                                                "schema": dict(schema.schema),
                                                 "strict": True}}}
 
 
