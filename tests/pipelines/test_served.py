@@ -98,6 +98,13 @@ def test_invoice_corpus_through_the_served_model(server: VllmServer, tmp_path: P
         assert r["gpu_seconds"] > 0 and r["cost_usd"] == pytest.approx(r["gpu_seconds"] * 3.6 / 3600)
     manifest = json.loads(next((out / "runs").glob("s1.json")).read_text())
     assert manifest["totals"]["model_calls"] == len(ledger), manifest["totals"]
+    from pipelines import report
+
+    data = report.collect(str(out), run_id="s1")  # the report: the served cost beside the hosted-API price
+    (route,) = data["routes"]
+    assert route["route"] == "served" and route["pages"] == len(ledger)
+    assert route["cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in ledger)) and route["api_usd"] > 0
+    assert data["histogram"]["pages"] == len(ledger)  # served pages count as model pages
 
 
 def test_unknown_model_fails_preflight(server: VllmServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
