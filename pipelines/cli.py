@@ -208,7 +208,9 @@ def check_options(o: Any) -> list[str]:
     if not o.extract:
         return problems
     looks_local = o.model.startswith(("/", "./", "../", "~")) or o.model.count("/") != 1
-    if looks_local and not Path(o.model).expanduser().exists():
+    if o.engine == "openai":  # --model is the name the endpoint serves it under
+        problems += endpoint_option_problems(o)
+    elif looks_local and not Path(o.model).expanduser().exists():
         problems.append(f"--model {o.model}: no such model folder (a hub id looks like org/name)")
     from schemas.extraction import SchemaError, load_schema
 
@@ -217,6 +219,28 @@ def check_options(o: Any) -> list[str]:
     except (SchemaError, OSError) as err:
         problems.append(f"--schema {o.schema}: {err}")
     return problems
+
+
+def endpoint_option_problems(o: Any) -> list[str]:
+    """`--engine openai`'s options, then the endpoint itself (pipelines/preflight.py)."""
+    if not o.endpoint:
+        return ["--engine openai needs --endpoint URL (an OpenAI-compatible API, e.g. http://host:8000/v1)"]
+    if not o.endpoint.startswith(("http://", "https://")):
+        return [f"--endpoint {o.endpoint}: not an http(s) URL"]
+    if o.concurrency < 1 or o.request_timeout_s <= 0:
+        return ["--concurrency must be at least 1 and --request-timeout-s over 0"]
+    if o.endpoint_kind == "hosted" and o.api_price not in load_price_names():
+        return [f"--api-price {o.api_price}: not in schemas/prices.json ({', '.join(load_price_names())})"]
+    from pipelines.preflight import check_endpoint
+
+    problem = check_endpoint(o.endpoint, o.model, o.api_key_env)
+    return [problem] if problem else []
+
+
+def load_price_names() -> list[str]:
+    from transforms.budget import load_prices
+
+    return list(load_prices()["providers"])
 
 
 def _public_options(options: Any) -> dict[str, Any]:

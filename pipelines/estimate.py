@@ -32,6 +32,7 @@ from pipelines.estimate_scan import (
 from pipelines.options import PagemillOptions
 from pipelines.storage import StorageConfig
 from schemas.extraction import ExtractionSchema, load_schema
+from schemas.records import API_ROUTE_PREFIX
 from transforms import budget
 from transforms.detail import low_detail_size
 from transforms.intake import IntakeLimits
@@ -248,6 +249,24 @@ def hosted_prices(to_model: Sequence[PagePlan], tokens: dict[str, int], prices: 
     return hosted
 
 
+def route_cost(o: PagemillOptions, self_hosted_usd: float, hosted: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What this run's route would cost (the ledger's `route` of its model pages): the in-process engine or a
+    served endpoint at --gpu-hourly-usd, or a hosted API (--endpoint-kind hosted) at --api-price's list price."""
+    from pipelines.extract import model_route
+
+    route = model_route(o)
+    if route.startswith(API_ROUTE_PREFIX):
+        found = [h for h in hosted if h["provider"] == route.removeprefix(API_ROUTE_PREFIX)]
+        usd = found[0]["usd"] if found else 0.0
+        basis = f"list price of {o.api_price} for the tokens above; the ledger counts the API's own usage"
+    elif o.gpu_hourly_usd > 0:
+        usd, basis = self_hosted_usd, f"GPU-hours at ${o.gpu_hourly_usd:g}/h" + (
+            "; a served endpoint: the ledger prices its measured busy time" if route == "served" else "")
+    else:
+        usd, basis = 0.0, "zero: --gpu-hourly-usd 0, the endpoint's cost is not counted"
+    return {"route": route, "usd": usd, "basis": basis}
+
+
 def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: float | None = None,
              output_tokens: float | None = None, read_text: bool = True, workers: int = 8,
              per_page: bool = False, sample_pages: int = 200, sample_seed: int = 0) -> dict[str, Any]:
@@ -298,6 +317,7 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
     rejected = Counter(d.reason_code for d in scanned if d.status == "rejected")
     failed = Counter(p.reason_code for p in plans if p.status == "failed")
     usd = gpu_hours * o.gpu_hourly_usd
+    hosted = hosted_prices(to_model, tokens, prices)
     report: dict[str, Any] = {
         "inputs": list(o.input), "schema": schema.schema_id, "model": o.model, "model_family": o.model_family,
         "documents": {"listed": len(scanned), "rejected": sum(rejected.values()), "reject_reasons": dict(rejected),
@@ -310,7 +330,7 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
         "self_hosted": {"pages_per_s": throughput.pages_per_s, "throughput_source": throughput.source,
                         "gpu_hours": gpu_hours, "gpu_hourly_usd": o.gpu_hourly_usd, "usd": usd,
                         "usd_per_1k_pages": 1000 * usd / len(to_model) if to_model else 0.0},
-        "hosted": hosted_prices(to_model, tokens, prices), "prices_read_on": prices.get("read_on"),
+        "hosted": hosted, "route": route_cost(o, usd, hosted), "prices_read_on": prices.get("read_on"),
         "assumptions": assumptions,
         "timing": {"setup_s": round(t_setup - t0, 3), "list_s": round(t_list - t_setup, 3),
                    "scan_s": round(t_scan - t_list, 3), "render_s": round(t_render - t_prompt, 3),

@@ -35,6 +35,7 @@ def render_table(r: dict[str, Any]) -> str:
            if r["detail"].get("extrapolated_pages") else ""),
         f"  self-hosted ${s['usd']:,.4f} (${s['usd_per_1k_pages']:,.4f} per 1,000 pages): {s['gpu_hours']:,.4f} "
         f"GPU-hours at ${s['gpu_hourly_usd']:g}/h",
+        f"  this run   route {r['route']['route']}: ${r['route']['usd']:,.4f} ({r['route']['basis']})",
         f"  hosted APIs at list prices read on {r['prices_read_on']}:",
     ]
     width = max(len(h["provider"]) for h in r["hosted"]) if r["hosted"] else 8

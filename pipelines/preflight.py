@@ -1,6 +1,7 @@
-"""Pre-flight: before a pipeline starts, check that credentials resolve, every input can be listed and
-the output can be written. Each failure is one line naming the URI and the cause, within seconds,
-instead of Beam's silent retry loop on a missing bucket or key."""
+"""Pre-flight: before a pipeline starts, check that credentials resolve, every input can be listed,
+the output can be written and a served model's endpoint answers with the model. Each failure is one
+line naming the URI and the cause, within seconds, instead of Beam's silent retry loop on a missing
+bucket or key."""
 from __future__ import annotations
 
 import os
@@ -136,3 +137,30 @@ def preflight(inputs: Sequence[str], output: str, storage: StorageConfig) -> lis
     if problem:
         problems.append(f"output {problem}")
     return problems
+
+
+def check_endpoint(endpoint: str, model: str, api_key_env: str | None) -> str | None:
+    """`--engine openai`: GET {endpoint}/models answers, within seconds, and lists --model. One line, or None."""
+    import httpx
+
+    from transforms.engine_openai import auth_headers, base_url
+
+    if api_key_env and not os.environ.get(api_key_env):
+        return f"--api-key-env {api_key_env}: that environment variable is not set"
+    url = base_url(endpoint) + "/models"
+    try:
+        r = httpx.get(url, headers=auth_headers(api_key_env),
+                      timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S))
+    except httpx.HTTPError as err:
+        return f"--endpoint {url}: cannot reach the endpoint ({type(err).__name__}: {err or 'no answer'})"
+    if r.status_code in (401, 403):
+        return f"--endpoint {url}: HTTP {r.status_code}: the API key was refused (--api-key-env)"
+    if r.status_code != 200:
+        return f"--endpoint {url}: HTTP {r.status_code}: {r.text[:200]}"
+    try:
+        names = [str(m.get("id")) for m in r.json().get("data") or []]
+    except (ValueError, AttributeError):
+        return f"--endpoint {url}: the answer is not an OpenAI model list"
+    if model not in names:
+        return f"--model {model}: the endpoint does not serve it (it serves: {', '.join(names[:10]) or 'nothing'})"
+    return None

@@ -19,7 +19,9 @@ import pyarrow as pa
 
 from pipelines import sql
 from pipelines.storage import StorageConfig
-from schemas.records import REASON_CODES
+from schemas.records import REASON_CODES, model_routes_sql
+
+MODEL_L = model_routes_sql("l.route")  # pages sent to a model: in-process, served or a hosted API
 
 
 @dataclass(frozen=True)
@@ -30,11 +32,11 @@ class NamedQuery:
 
 
 COST_BY_RUN = NamedQuery("cost-by-run", "Pages, tokens, GPU-seconds and dollars of each run, per 1,000 pages, "
-                         "beside the hosted-API price of the same pages.", """
+                         "beside the hosted-API price of the same pages.", f"""
 SELECT l.tenant, l.run_id,
        any_value(r.started_at) AS started_at,
        count(*) AS pages,
-       count(*) FILTER (WHERE l.route = 'model') AS model_pages,
+       count(*) FILTER (WHERE {MODEL_L}) AS model_pages,
        count(*) FILTER (WHERE l.route IN ('duplicate', 'cache')) AS reused_pages,
        sum(l.image_tokens) AS image_tokens,
        sum(l.text_tokens) AS text_tokens,
@@ -72,11 +74,11 @@ ORDER BY tenant, run_id, level, n DESC, reason_code, status""")
 # model page of the same run, schema and model cost on average; a run with no model page (everything
 # cached) is priced at the average over every run of that tenant, schema and model (`priced_from` says which).
 CACHE_SAVINGS = NamedQuery("cache-savings", "Money saved by dedup and the result cache: pages answered without a "
-                           "model call, priced at the average model page of the same run, schema and model.", """
+                           "model call, priced at the average model page of the same run, schema and model.", f"""
 WITH model_pages AS (
   SELECT l.tenant, l.run_id, p.schema_id, p.model, l.cost_usd, l.api_equivalent_usd
   FROM ledger l JOIN pages p USING (tenant, run_id, doc_sha256, page_index)
-  WHERE l.route = 'model'
+  WHERE {MODEL_L}
 ), per_run AS (
   SELECT tenant, run_id, schema_id, model, avg(cost_usd) AS usd, avg(api_equivalent_usd) AS api_usd
   FROM model_pages GROUP BY ALL
@@ -115,7 +117,7 @@ WHERE $run_id IS NULL OR s.run_id = $run_id
 ORDER BY s.tenant, s.run_id, s.schema_id, s.model""")
 
 TOKENS_BY_SCHEMA = NamedQuery("tokens-by-schema", "Tokens a model page takes per schema and model: means, output "
-                              "p95 and max, attempts, and the share of pages extracted ok.", """
+                              "p95 and max, attempts, and the share of pages extracted ok.", f"""
 SELECT p.tenant, p.schema_id, p.model,
        count(DISTINCT l.run_id) AS runs,
        count(*) AS model_pages,
@@ -128,20 +130,20 @@ SELECT p.tenant, p.schema_id, p.model,
        round(avg(l.attempts), 2) AS attempts_per_page,
        round(count(*) FILTER (WHERE p.status = 'ok') / count(*), 3) AS ok_share
 FROM ledger l JOIN pages p USING (tenant, run_id, doc_sha256, page_index)
-WHERE l.route = 'model' AND ($run_id IS NULL OR l.run_id = $run_id)
+WHERE {MODEL_L} AND ($run_id IS NULL OR l.run_id = $run_id)
 GROUP BY p.tenant, p.schema_id, p.model
 ORDER BY total_tokens DESC, p.tenant, p.schema_id""")
 
 # "Slowest" is engine time: each page's gpu_seconds is its batch's engine wall time shared out by tokens.
 # Render time is not recorded per document (the manifest has its distribution over the whole run).
 SLOWEST_DOCUMENTS = NamedQuery("slowest-documents", "The 20 documents that took the most engine time "
-                               "(GPU-seconds), with pages, attempts, tokens, cost and outcome.", """
+                               "(GPU-seconds), with pages, attempts, tokens, cost and outcome.", f"""
 SELECT l.tenant, l.run_id, l.source_uri,
        any_value(d.outcome) AS outcome,
        count(*) AS pages,
-       count(*) FILTER (WHERE l.route = 'model') AS model_pages,
+       count(*) FILTER (WHERE {MODEL_L}) AS model_pages,
        round(sum(l.gpu_seconds), 3) AS gpu_seconds,
-       round(sum(l.gpu_seconds) / nullif(count(*) FILTER (WHERE l.route = 'model'), 0), 3) AS seconds_per_model_page,
+       round(sum(l.gpu_seconds) / nullif(count(*) FILTER (WHERE {MODEL_L}), 0), 3) AS seconds_per_model_page,
        sum(l.attempts) AS attempts,
        sum(l.image_tokens + l.text_tokens + l.output_tokens) AS tokens,
        round(sum(l.cost_usd), 6) AS cost_usd

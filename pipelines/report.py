@@ -30,6 +30,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines import queries, sql
 from pipelines.storage import StorageConfig, add_storage_args, configure, storage_from
+from schemas.records import API_ROUTE_PREFIX, model_routes_sql
 
 HISTOGRAM_BINS = 12
 
@@ -91,14 +92,15 @@ def histogram(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
     """Tokens per model page (image + text + output) in equal-width bins, and the mean of each part."""
     lo, hi, n, img, txt, out = con.execute(
         "SELECT min(t), max(t), count(*), avg(image_tokens), avg(text_tokens), avg(output_tokens) FROM "
-        "(SELECT *, image_tokens + text_tokens + output_tokens AS t FROM ledger WHERE run_id = ? AND route = 'model')",
+        "(SELECT *, image_tokens + text_tokens + output_tokens AS t FROM ledger WHERE run_id = ? AND "
+        f"{model_routes_sql()})",
         [run_id]).fetchone()
     if not n:
         return {"bins": [], "pages": 0}
     width = max(1, -(-(hi - lo + 1) // HISTOGRAM_BINS))
     counts = dict(con.execute(
         "SELECT (image_tokens + text_tokens + output_tokens - ?) // ? AS b, count(*) FROM ledger "
-        "WHERE run_id = ? AND route = 'model' GROUP BY 1", [lo, width, run_id]).fetchall())
+        f"WHERE run_id = ? AND {model_routes_sql()} GROUP BY 1", [lo, width, run_id]).fetchall())
     bins = [{"from": lo + i * width, "to": lo + (i + 1) * width - 1, "pages": counts.get(i, 0)}
             for i in range(max(counts) + 1)]
     return {"bins": bins, "pages": n, "mean": {"image": img, "text": txt, "output": out}}
@@ -106,7 +108,8 @@ def histogram(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
 
 def throughput(con: duckdb.DuckDBPyConnection, run_id: str, manifest: dict[str, Any]) -> dict[str, Any]:
     pages, model_pages, engine_s = con.execute(
-        "SELECT count(*), count(*) FILTER (WHERE route = 'model'), sum(gpu_seconds) FROM ledger WHERE run_id = ?",
+        f"SELECT count(*), count(*) FILTER (WHERE {model_routes_sql()}), sum(gpu_seconds) FROM ledger "
+        "WHERE run_id = ?",
         [run_id]).fetchone()  # the connection holds the run's tenant only
     wall = manifest.get("wall_seconds")
     render = (manifest.get("stage_timings") or {}).get("render_ms")
@@ -188,9 +191,13 @@ def accuracy_section(output: str, tenant: str, run_id: str, routes: Sequence[dic
     with FileSystems.open(path) as handle:
         r = json.loads(handle.read())
     cost = {x["route"]: x for x in routes}
+    # Pages the model answered went by this run's model route: in-process, served or a hosted API.
+    model = next((x["route"] for x in routes if x["route"] in ("model", "served")
+                  or str(x["route"]).startswith(API_ROUTE_PREFIX)), "model")
     by_route: dict[str, list[int]] = {}
     for status, t in r.get("by_status", {}).items():
-        tally = by_route.setdefault(ROUTE_OF_STATUS.get(status, str(status)), [0, 0])
+        route = ROUTE_OF_STATUS.get(status, str(status))
+        tally = by_route.setdefault(model if route == "model" else route, [0, 0])
         tally[0] += t["correct"]
         tally[1] += t["compared"]
     return {"overall": r["overall"], "truth_rows": r["truth_rows"], "unmatched": len(r["unmatched"]),

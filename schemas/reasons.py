@@ -10,6 +10,9 @@ from schemas.records import REASON_CODES
 # The engine, the run's own machinery or a time limit failed; the same input may well succeed next time.
 SYSTEM_REASONS = frozenset({
     "engine_error",        # the model raised (or could not start)
+    "rate_limited",        # a served endpoint: HTTP 429 after the retries
+    "server_error",        # a served endpoint: HTTP 5xx or unreachable after the retries
+    "engine_timeout",      # a served endpoint: no answer within --request-timeout-s
     "timeout",             # --document-timeout-s / --page-timeout-s stopped the work
     "safety_check_error",  # a safety check raised: the page is quarantined, fail closed
     "extraction_failed",   # a document's pages produced no row at all (lost work)

@@ -9,8 +9,17 @@ from dataclasses import dataclass
 OUTCOMES = ("extracted", "partial", "failed", "duplicate", "cached", "rejected", "quarantined", "rendered")
 # Page statuses (the `pages.status` column).
 PAGE_STATUSES = ("ok", "invalid", "failed", "quarantined", "cached", "duplicate", "rendered")
-# Ledger routes: why a page cost what it cost.
-ROUTES = ("model", "cache", "duplicate", "quarantined", "failed", "none")
+# Ledger routes: why a page cost what it cost. A page sent to a model has `model` (the in-process
+# engine), `served` (a self-hosted OpenAI-compatible server) or `api:<provider>` (a hosted API priced at
+# schemas/prices.json's list price); MODEL_ROUTES_SQL picks all three in a query.
+ROUTES = ("model", "served", "cache", "duplicate", "quarantined", "failed", "none")
+API_ROUTE_PREFIX = "api:"
+
+
+def model_routes_sql(column: str = "route") -> str:
+    """A SQL condition true for the routes of pages sent to a model (the one home of that rule)."""
+    return f"({column} IN ('model', 'served') OR starts_with({column}, '{API_ROUTE_PREFIX}'))"
+
 
 # The failure vocabulary. Stable strings: analysts filter on them in SQL; the README documents each.
 REASON_CODES = {
@@ -28,7 +37,10 @@ REASON_CODES = {
     "render_failed": "pdfium or Pillow could not render this page",
     "changed_during_run": "the object's bytes changed between intake and rendering",
     "over_token_budget": "prompt does not fit max_model_len even after resizing the page",
-    "engine_error": "the engine raised on this request (after retries)",
+    "engine_error": "the engine raised on this request (after retries), or the endpoint refused it (HTTP 4xx)",
+    "rate_limited": "the endpoint kept answering HTTP 429 after the retries (backoff, Retry-After honoured)",
+    "server_error": "the endpoint kept answering HTTP 5xx, or could not be reached, after the retries",
+    "engine_timeout": "the endpoint did not answer within --request-timeout-s",
     "invalid_json": "model output is not JSON (after retries)",
     "schema_invalid": "model output is JSON but fails the schema (after retries)",
     "truncated": "model output hit max_tokens before the JSON closed (after retries)",

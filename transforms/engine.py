@@ -100,11 +100,14 @@ class Sample:
 
 @dataclass(frozen=True)
 class EngineOutput:
-    """The fields of vLLM's RequestOutput that the stage reads (remote and simulated engines)."""
+    """The fields of vLLM's RequestOutput that the stage reads (remote, served and simulated engines)."""
 
     prompt_token_ids: list[int]
     outputs: list[Sample]
     finished: bool = True
+    # (image, text, output) tokens as a served endpoint reports them (its `usage`), where there are no
+    # token ids to count; None: counted from the token ids.
+    token_counts: tuple[int, int, int] | None = None
 
 
 def image_token_id_of(tok: Any) -> int | None:

@@ -88,7 +88,10 @@ def prepare(task: PageTask, tokenizer: Any, cfg: ExtractConfig, controls: Sequen
 
 
 def usage(output: Any, image_id: int | None) -> tuple[int, int, int]:
-    """(image, text, output) tokens from the engine's own token ids."""
+    """(image, text, output) tokens from the engine's own token ids, or as a served endpoint reported them."""
+    counts = getattr(output, "token_counts", None)
+    if counts is not None:
+        return counts
     prompt_ids = list(output.prompt_token_ids or [])
     image = sum(1 for t in prompt_ids if t == image_id) if image_id is not None else 0
     return image, len(prompt_ids) - image, len(output.outputs[0].token_ids)
@@ -163,6 +166,15 @@ class PageFeed:
     def start(self, task: PageTask, result: Future[ExtractionResult]) -> None:
         """Decode and submit a claimed page; the caller holds one of `slots`, released with the
         final result. Runs in the caller's thread, so decoding uses the stage's threads."""
+        build = getattr(self.engine, "build_request", None)
+        if build is not None:  # a served engine (transforms/engine_openai.py): its server holds the tokenizer
+            try:
+                req = build(task, self.cfg)
+            except Exception as err:  # noqa: BLE001 - one page whose request cannot be built fails alone
+                req = Request(None, 0, task.page.width, task.page.height)
+                return self._finish(req, result, failed("engine_error", f"request could not be built: "
+                                                                        f"{type(err).__name__}: {err}"))
+            return self._submit(req, result)
         try:
             tokenizer = self.engine.tokenizer()
             if self._controls is None or self._controls[0] is not tokenizer:  # once per (re)started engine
@@ -185,7 +197,8 @@ class PageFeed:
 
     def _sampling(self, attempt: int) -> Any:
         if attempt not in self._params:
-            self._params[attempt] = sampling_params(self.cfg.schema, self.cfg.max_tokens, attempt)
+            make = getattr(self.engine, "sampling_params", None) or sampling_params  # a served engine's own fields
+            self._params[attempt] = make(self.cfg.schema, self.cfg.max_tokens, attempt)
         return self._params[attempt]
 
     def _submit(self, req: Request, result: Future[ExtractionResult]) -> None:
@@ -208,6 +221,10 @@ class PageFeed:
 
     def _on_done(self, req: Request, result: Future[ExtractionResult], done: Future[Completion]) -> None:
         err = done.exception()
+        reason = getattr(err, "reason_code", None)
+        if reason is not None:  # a served request that failed after its own retries: final, with its reason
+            req.attempts += 1
+            return self._finish(req, result, failed(reason, str(err)))
         if err is not None:
             if not isinstance(err, ValueError):  # not a rejected request: the engine may be dead
                 self._restart(req.seen_starts)

@@ -25,7 +25,7 @@ from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils import shared
 
 from schemas.extraction import ExtractionSchema
-from schemas.records import ExtractionResult, PageImage, PageRef, PageRow, PageTask
+from schemas.records import API_ROUTE_PREFIX, ExtractionResult, PageImage, PageRef, PageRow, PageTask
 from transforms import budget
 from transforms.cache import cached_row
 from transforms.detail import low_detail_size
@@ -52,6 +52,7 @@ class ExtractConfig:
     api_price: str
     prices: dict[str, Any]
     max_in_flight: int = 0  # pages in flight per engine; 0: twice the engine's max_num_seqs
+    route: str = "model"  # the ledger route of pages sent to the model: model, served or api:<provider>
 
     @property
     def decoding(self) -> DecodingParams:
@@ -110,15 +111,24 @@ def to_rows(result: Any, engine: EngineSettings, cfg: ExtractConfig) -> Iterator
         saved = max(0, budget.estimate_image_tokens(cfg.model_family, page.width, page.height) - r.image_tokens)
     yield PageRow(doc_sha256=page.doc_sha256, source_uri=page.source_uri, page_index=page.page_index,
                   status=r.status, page_hash=page.page_hash, width=page.width, height=page.height,
-                  hint_source=page.hint_source, route="model" if r.attempts else "failed",
+                  hint_source=page.hint_source, route=cfg.route if r.attempts else "failed",
                   image_tokens=r.image_tokens, text_tokens=r.text_tokens, output_tokens=r.output_tokens,
-                  attempts=r.attempts, gpu_seconds=r.gpu_seconds,
-                  cost_usd=r.gpu_seconds * cfg.gpu_hourly_usd / 3600.0, api_equivalent_usd=api_usd,
+                  attempts=r.attempts, gpu_seconds=r.gpu_seconds, cost_usd=page_cost_usd(r, cfg),
+                  api_equivalent_usd=api_usd,
                   flags=tuple(dict.fromkeys(page.flags + out.flags)), flag_detail=page.flag_detail + out.notes,
                   hint_coverage=page.hint_coverage, pdq_hash=page.pdq_hash, image_tokens_saved=saved,
                   rendered_at=page.rendered_at, extracted_at=r.finished_at, **_common(task, r, engine, cfg))
     for ref in task.copies:
         yield copy_row(ref, task, r, engine, cfg)
+
+
+def page_cost_usd(r: ExtractionResult, cfg: ExtractConfig) -> float:
+    """What a page sent to the model cost: its share of the engine's (or the served endpoint's) busy time at
+    --gpu-hourly-usd, or a hosted API's list price for the tokens its `usage` reported. Pure."""
+    if cfg.route.startswith(API_ROUTE_PREFIX):
+        provider = cfg.route.removeprefix(API_ROUTE_PREFIX)
+        return budget.api_cost_usd(provider, r.image_tokens + r.text_tokens, r.output_tokens, cfg.prices)
+    return r.gpu_seconds * cfg.gpu_hourly_usd / 3600.0
 
 
 def copy_row(ref: PageRef | PageImage, task: PageTask, r: ExtractionResult, engine: EngineSettings,

@@ -219,6 +219,22 @@ def test_samples_folder_prints_tokens_and_dollars(capsys: pytest.CaptureFixture[
         assert text in out, out
 
 
+def test_route_of_a_served_or_hosted_run(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--input", str(REPO / "samples"), "--pages-per-second", "2", "--sample-pages", "0"]
+    local = estimate_json(capsys, *args)
+    assert local["route"] == {"route": "model", "usd": local["self_hosted"]["usd"],
+                              "basis": "GPU-hours at $2.5/h"}
+    served = estimate_json(capsys, *args, "--engine", "openai", "--model", "served-name")
+    assert (served["route"]["route"], served["route"]["usd"]) == ("served", served["self_hosted"]["usd"])
+    free = estimate_json(capsys, *args, "--engine", "openai", "--gpu-hourly-usd", "0")
+    assert free["route"]["usd"] == 0 and "not counted" in free["route"]["basis"]
+    hosted = estimate_json(capsys, *args, "--engine", "openai", "--endpoint-kind", "hosted", "--api-price",
+                           "claude-sonnet")
+    claude = next(h for h in hosted["hosted"] if h["provider"] == "claude-sonnet")
+    assert (hosted["route"]["route"], hosted["route"]["usd"]) == ("api:claude-sonnet", claude["usd"])
+    assert claude["usd"] > 0
+
+
 def test_errors_are_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["estimate"]) == 2
     assert cli.main(["estimate", "--input", str(tmp_path), "--pages-per-second", "0"]) == 1
