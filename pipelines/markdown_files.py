@@ -47,7 +47,8 @@ def write_markdown(output: str, tenant: str, run_id: str, storage: StorageConfig
     con = sql.connect(output, storage, tenant)
     try:
         rows = con.execute(
-            "SELECT doc_sha256, page_index, markdown, status, reason_code FROM pages WHERE run_id = ? AND doc_sha256 IN "
+            "SELECT doc_sha256, page_index, markdown, status, reason_code FROM pages "
+            "WHERE run_id = ? AND doc_sha256 IN "
             "(SELECT doc_sha256 FROM pages WHERE run_id = ? AND markdown IS NOT NULL)", [run_id, run_id]).fetchall()
     finally:
         con.close()

@@ -1,0 +1,96 @@
+"""transforms/token_math.py: each family's image tokens against the reference implementation (transformers'
+processors, vLLM's own InternVL code), with the parameters read from a model folder."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from transforms import budget
+from transforms.token_math import DEFAULT_RULES, ImageTokenRule, rule_for
+
+SIZES = [(595, 842), (1288, 910), (300, 200), (1288, 1288), (64, 1288), (1288, 40), (1000, 999), (2480, 3508)]
+random.seed(7)
+SIZES += [(random.randint(28, 3000), random.randint(28, 3000)) for _ in range(40)]
+
+
+@pytest.fixture(scope="module")
+def llava_next_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from pipelines.test_model import make_test_model
+
+    return make_test_model(tmp_path_factory.mktemp("llava") / "tiny-llava-next", family="llava_next")
+
+
+def test_qwen_parameters_come_from_the_folder(tmp_path: Path) -> None:
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    # A folder whose processor allows fewer pixels than the published default: the rule must follow it.
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl", "vision_config": {}}))
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(
+        {"patch_size": 14, "merge_size": 2, "min_pixels": 200704, "max_pixels": 1003520}))
+    rule = rule_for("qwen2_vl", str(tmp_path))
+    assert rule.family == "qwen2_5_vl" and (rule.min_pixels, rule.max_pixels) == (200704, 1003520)
+    for w, h in SIZES[:20]:
+        rh, rw = smart_resize(h, w, factor=28, min_pixels=200704, max_pixels=1003520)
+        assert rule.tokens(w, h) == (rh // 14) * (rw // 14) // 4, (w, h)
+    assert rule.tokens(2480, 3508) < DEFAULT_RULES["qwen2_5_vl"].tokens(2480, 3508)
+
+
+def test_hub_ids_and_missing_folders_take_the_published_defaults() -> None:
+    assert rule_for("qwen2_5_vl", "allenai/olmOCR-2-7B-1025") == DEFAULT_RULES["qwen2_5_vl"]
+    assert rule_for("llava_next", None).grid_pinpoints == DEFAULT_RULES["llava_next"].grid_pinpoints
+    with pytest.raises(ValueError, match="unknown model family"):
+        rule_for("pixtral", None)
+
+
+def test_llava_next_matches_the_transformers_processor(llava_next_dir: Path) -> None:
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(str(llava_next_dir))
+    image_id = processor.tokenizer.convert_tokens_to_ids("<image>")
+    rule = rule_for("qwen2_vl", str(llava_next_dir))  # the folder's model_type names the family
+    assert rule.family == "llava_next" and rule.tile_size == 336
+    for w, h in SIZES[:12]:
+        ids = processor(text="<image>", images=Image.new("RGB", (w, h)), return_tensors="np")["input_ids"][0]
+        assert rule.tokens(w, h) == int((ids == image_id).sum()), (w, h)
+
+
+def test_internvl2_matches_vllm_internvl_code() -> None:
+    from vllm.transformers_utils.processors.internvl import calculate_internvl_targets, get_internvl_target_ratios
+
+    rule = DEFAULT_RULES["internvl2"]
+    ratios = get_internvl_target_ratios(1, 12)
+    for w, h in SIZES:
+        blocks, _, _ = calculate_internvl_targets(orig_width=w, orig_height=h, target_ratios=ratios, image_size=448,
+                                                  use_thumbnail=True)
+        assert rule.tokens(w, h) == blocks * 256, (w, h)
+
+
+def test_internvl2_parameters_from_config(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "internvl_chat", "force_image_size": 448, "downsample_ratio": 0.5, "max_dynamic_patch": 6,
+        "min_dynamic_patch": 1, "use_thumbnail": False, "vision_config": {"patch_size": 14}}))
+    rule = rule_for("internvl2", str(tmp_path))
+    assert (rule.max_tiles, rule.thumbnail) == (6, False)
+    assert max(rule.tokens(w, h) for w, h in SIZES) <= 6 * 256 < max(DEFAULT_RULES["internvl2"].tokens(w, h)
+                                                                     for w, h in SIZES)
+
+
+def test_llama32_rule_matches_transformers_canvas() -> None:
+    from transformers.models.mllama.image_processing_pil_mllama import get_optimal_tiled_canvas
+
+    rule = DEFAULT_RULES["llama-3.2-vision"]
+    for w, h in SIZES:
+        ch, cw = get_optimal_tiled_canvas(image_height=h, image_width=w, max_image_tiles=4, tile_size=560)
+        assert rule.tokens(w, h) == (ch // 560) * (cw // 560) * 1601, (w, h)
+
+
+def test_budget_takes_a_rule_or_a_name() -> None:
+    rule = ImageTokenRule("qwen2_vl", min_pixels=3136, max_pixels=256 * 28 * 28)
+    assert budget.estimate_image_tokens(rule, 2480, 3508) <= 256
+    assert budget.estimate_image_tokens("llava_next", 336, 336) == DEFAULT_RULES["llava_next"].tokens(336, 336)
+    size = budget.fit_to_token_budget(2480, 3508, 100, rule)
+    assert size is not None and rule.tokens(*size) <= 100
