@@ -27,7 +27,7 @@ def test_preset_sets_options_and_explicit_flags_win() -> None:
     o = options(with_preset(["--max-tokens", "64", "--preset=olmocr", "--model", "/models/tiny"]))
     assert (o.model, o.max_tokens, o.schema) == ("/models/tiny", 64, "olmocr")
     assert with_preset(["--max-tokens", "64"]) == ["--max-tokens", "64"]
-    with pytest.raises(ValueError, match="unknown preset 'nope'; known: qwen2.5-vl, olmocr, llava-next"):
+    with pytest.raises(ValueError, match=r"unknown preset 'nope'; known: qwen2\.5-vl, olmocr, llava-next"):
         with_preset(["--preset", "nope"])
 
 
