@@ -38,6 +38,14 @@ def test_qwen_parameters_come_from_the_folder(tmp_path: Path) -> None:
     assert rule.tokens(2480, 3508) < DEFAULT_RULES["qwen2_5_vl"].tokens(2480, 3508)
 
 
+def test_a_folder_of_another_architecture_keeps_the_family_defaults(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "idefics3"}))
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"size": {"longest_edge": 1456}}))
+    assert rule_for("qwen2_vl", str(tmp_path)) == DEFAULT_RULES["qwen2_vl"]
+    with pytest.raises(ValueError, match="unknown model family"):
+        rule_for("idefics3", str(tmp_path))
+
+
 def test_hub_ids_and_missing_folders_take_the_published_defaults() -> None:
     assert rule_for("qwen2_5_vl", "allenai/olmOCR-2-7B-1025") == DEFAULT_RULES["qwen2_5_vl"]
     assert rule_for("llava_next", None).grid_pinpoints == DEFAULT_RULES["llava_next"].grid_pinpoints
