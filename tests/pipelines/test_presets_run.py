@@ -68,6 +68,7 @@ def test_pages_hold_markdown_and_front_matter_columns(run: Path) -> None:
 def test_markdown_files_one_per_document(run: Path) -> None:
     folder = run / "markdown" / "tenant=default"
     files = sorted(folder.iterdir())
+    assert all(f.suffix == ".md" for f in files)  # written under a temporary name, then moved: none left
     _, docs = sql.query(str(run), "SELECT DISTINCT doc_sha256 FROM pages WHERE run_id = 'md1' "
                                   "AND markdown IS NOT NULL")
     assert sorted(f.name for f in files) == sorted(f"{d}.md" for (d,) in docs)
