@@ -269,6 +269,7 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
     """The whole estimate as one JSON-ready dict."""
     t0 = time.perf_counter()
     schema, markdown = load_output(o.schema)
+    rule = rule_for(o.model_family, o.model)
     throughput = load_throughput(o.model, pages_per_second)
     prices = budget.load_prices()
     t_setup = time.perf_counter()  # the schema check imports the grammar compiler: seconds, once
@@ -299,7 +300,7 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
     hints = (f"hints (--hints {policy.hints}): the PDF text layer where there is one; OCR text is not counted"
              if read_text else "text layers not read (--read-text false)")
     assumptions = [
-        f"image tokens: {o.model_family} estimator on the page sizes the page stage would produce "
+        f"image tokens: {rule.family} estimator ({rule.source}) on the page sizes the page stage would produce "
         f"(--dpi {o.dpi:g}, --max-side {o.max_side})",
         f"result cache: documents whose every page has a reusable row under {o.output} for the same tenant, model, "
         "revision and schema (a document-level check)" if o.output else "result cache: not applied (no --output)",
@@ -314,7 +315,7 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
     failed = Counter(p.reason_code for p in plans if p.status == "failed")
     usd = gpu_hours * o.gpu_hourly_usd
     report: dict[str, Any] = {
-        "inputs": list(o.input), "schema": schema.schema_id, "model": o.model, "model_family": o.model_family,
+        "inputs": list(o.input), "schema": schema.schema_id, "model": o.model, "model_family": rule.family,
         "documents": {"listed": len(scanned), "rejected": sum(rejected.values()), "reject_reasons": dict(rejected),
                       "duplicate": len(dup), "cached": len(cached), "to_extract": len(kept) - len(cached)},
         "pages": {"in_accepted_documents": sum(len(d.pages) for d in scanned if d.status == "accepted"),
