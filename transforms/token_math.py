@@ -138,6 +138,13 @@ def _side(value: Any, default: int) -> int:
     return int(value) if value else default
 
 
+def _first(value: Any, default: int) -> int:
+    """A size that configs write as a number or as [height, width]."""
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else None
+    return int(value) if value else default
+
+
 def rule_for(family: str, model: str | None = None) -> ImageTokenRule:
     """The family's rule, with its parameters read from `model` when it is a local folder (its config.json
     `model_type` also names the family there). A hub id or a missing folder: the published defaults."""
@@ -165,7 +172,7 @@ def rule_for(family: str, model: str | None = None) -> ImageTokenRule:
                               min_pixels=int(size.get("shortest_edge") or pre.get("min_pixels") or base.min_pixels),
                               max_pixels=int(size.get("longest_edge") or pre.get("max_pixels") or base.max_pixels),
                               source=source)
-    patch = int(vision.get("patch_size") or 14)
+    patch = _first(vision.get("patch_size"), 14)
     if family == "llava":
         return ImageTokenRule(family, patch_size=patch, tile_size=_side(pre.get("crop_size"), base.tile_size),
                               source=source)
@@ -174,10 +181,13 @@ def rule_for(family: str, model: str | None = None) -> ImageTokenRule:
         return ImageTokenRule(family, patch_size=patch, tile_size=_side(pre.get("crop_size"), base.tile_size),
                               grid_pinpoints=tuple((int(h), int(w)) for h, w in points), source=source)
     if family == "internvl2":
+        # InternVL's own layout (config.json: force_image_size, *_dynamic_patch) or transformers' native one
+        # (the processor's size, min_patches / max_patches; a thumbnail whenever a page is cut into tiles).
         return ImageTokenRule(family, patch_size=patch,
-                              tile_size=int(config.get("force_image_size") or vision.get("image_size") or 448),
-                              min_tiles=int(config.get("min_dynamic_patch") or 1),
-                              max_tiles=int(config.get("max_dynamic_patch") or 12),
+                              tile_size=int(config.get("force_image_size") or _side(pre.get("size"), 0)
+                                            or _first(vision.get("image_size"), 448)),
+                              min_tiles=int(config.get("min_dynamic_patch") or pre.get("min_patches") or 1),
+                              max_tiles=int(config.get("max_dynamic_patch") or pre.get("max_patches") or 12),
                               thumbnail=bool(config.get("use_thumbnail", True)),
                               downsample_ratio=float(config.get("downsample_ratio") or 0.5), source=source)
     return ImageTokenRule(family, patch_size=patch, tile_size=_side(pre.get("size"), base.tile_size),

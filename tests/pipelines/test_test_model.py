@@ -97,7 +97,7 @@ def test_leaves_global_rng_alone(tmp_path: Path) -> None:
     assert torch.equal(torch.rand(3), expected)
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "llava_next"])
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "llava_next", "internvl"])
 def test_other_families_from_the_command_line(family: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from pipelines import cli
     from transforms.token_math import DEFAULT_RULES, rule_for
@@ -107,7 +107,7 @@ def test_other_families_from_the_command_line(family: str, tmp_path: Path, capsy
     assert json.loads((folder / "config.json").read_text())["model_type"] == family
     # The real processor settings of the family's released checkpoints: the same image-token rule.
     assert dataclasses.replace(rule_for("qwen2_vl", str(folder)), source="") == \
-        dataclasses.replace(DEFAULT_RULES[family], source="")
+        dataclasses.replace(DEFAULT_RULES[{"internvl": "internvl2"}.get(family, family)], source="")
     size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
     assert size < 5_000_000, size
 

@@ -16,11 +16,12 @@ random.seed(7)
 SIZES += [(random.randint(28, 3000), random.randint(28, 3000)) for _ in range(40)]
 
 
-@pytest.fixture(scope="module")
-def llava_next_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", params=[("llava_next", "<image>"), ("internvl", "<IMG_CONTEXT>")])
+def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     from pipelines.test_model import make_test_model
 
-    return make_test_model(tmp_path_factory.mktemp("llava") / "tiny-llava-next", family="llava_next")
+    family, token = request.param
+    return make_test_model(tmp_path_factory.mktemp(family) / f"tiny-{family}", family=family), token
 
 
 def test_qwen_parameters_come_from_the_folder(tmp_path: Path) -> None:
@@ -53,16 +54,17 @@ def test_hub_ids_and_missing_folders_take_the_published_defaults() -> None:
         rule_for("pixtral", None)
 
 
-def test_llava_next_matches_the_transformers_processor(llava_next_dir: Path) -> None:
+def test_tiled_families_match_the_transformers_processor(tiny: tuple[Path, str]) -> None:
     from PIL import Image
     from transformers import AutoProcessor
 
-    processor = AutoProcessor.from_pretrained(str(llava_next_dir))
-    image_id = processor.tokenizer.convert_tokens_to_ids("<image>")
-    rule = rule_for("qwen2_vl", str(llava_next_dir))  # the folder's model_type names the family
-    assert rule.family == "llava_next" and rule.tile_size == 336
+    folder, token = tiny
+    processor = AutoProcessor.from_pretrained(str(folder))
+    image_id = processor.tokenizer.convert_tokens_to_ids(token)
+    rule = rule_for("qwen2_vl", str(folder))  # the folder's model_type names the family
+    assert (rule.family, rule.tile_size) in (("llava_next", 336), ("internvl2", 448))
     for w, h in SIZES[:12]:
-        ids = processor(text="<image>", images=Image.new("RGB", (w, h)), return_tensors="np")["input_ids"][0]
+        ids = processor(text=token, images=Image.new("RGB", (w, h)), return_tensors="np")["input_ids"][0]
         assert rule.tokens(w, h) == int((ids == image_id).sum()), (w, h)
 
 
