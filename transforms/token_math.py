@@ -14,7 +14,10 @@ transformers' or vLLM's own code, and against the engine's prompt where a tiny m
   unpadded grid features and one newline feature per grid row (LlavaNextProcessor._get_number_of_features);
 - internvl2: dynamic tiles of image_size px (the closest aspect ratio with min..max tiles), a thumbnail tile
   when there is more than one, (image_size/patch)**2 * downsample_ratio**2 tokens each;
-- llama-3.2-vision: at most max_image_tiles tiles of 560 px (transforms/budget.py), (560/14)**2 + 1 each.
+- llama-3.2-vision: at most max_image_tiles tiles of 560 px (transforms/budget.py), (560/14)**2 + 1 each;
+- idefics3 (granite-docling, SmolVLM): the long side scaled to `size.longest_edge`, both sides rounded up to
+  tiles of `max_image_size`, one image per tile plus a global one when there is more than one tile,
+  image_seq_len = (image_size/patch)**2 / scale_factor**2 tokens each.
 """
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ from transforms import budget
 
 # config.json `model_type` -> family name.
 MODEL_TYPES = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl", "llava": "llava", "llava_next": "llava_next",
-               "internvl_chat": "internvl2", "internvl": "internvl2", "mllama": "llama-3.2-vision"}
+               "internvl_chat": "internvl2", "internvl": "internvl2", "mllama": "llama-3.2-vision",
+               "idefics3": "idefics3"}
 LLAVA_NEXT_PINPOINTS = ((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008))
 
 
@@ -47,6 +51,8 @@ class ImageTokenRule:
     max_tiles: int = 0
     thumbnail: bool = False
     downsample_ratio: float = 0.5
+    longest_edge: int = 0  # idefics3: the long side an image is scaled to before tiling
+    seq_len: int = 0  # idefics3: tokens per tile
     source: str = "published defaults"
 
     def tokens(self, width: int, height: int) -> int:
@@ -66,6 +72,8 @@ class ImageTokenRule:
         if f == "llama-3.2-vision":
             across, down = budget.llama32_vision_tiles(width, height, self.max_tiles, self.tile_size)
             return across * down * ((self.tile_size // self.patch_size) ** 2 + 1)
+        if f == "idefics3":
+            return idefics3_images(width, height, self.longest_edge, self.tile_size) * self.seq_len
         raise ValueError(f"no image-token rule for family {f!r}")
 
 
@@ -75,6 +83,8 @@ DEFAULT_RULES = {
     "llava": ImageTokenRule("llava", tile_size=336),
     "llava_next": ImageTokenRule("llava_next", tile_size=336, grid_pinpoints=LLAVA_NEXT_PINPOINTS),
     "internvl2": ImageTokenRule("internvl2", tile_size=448, min_tiles=1, max_tiles=12, thumbnail=True),
+    # HuggingFaceM4/Idefics3-8B-Llama3: 364 px tiles of 169 tokens, the long side at 4 x 364.
+    "idefics3": ImageTokenRule("idefics3", tile_size=364, longest_edge=4 * 364, seq_len=169),
     "llama-3.2-vision": ImageTokenRule("llama-3.2-vision", tile_size=budget.LLAMA32_TILE_SIZE,
                                        max_tiles=budget.LLAMA32_MAX_TILES),
 }
@@ -122,6 +132,29 @@ def internvl_tiles(width: int, height: int, tile: int, min_tiles: int, max_tiles
         elif diff == best_diff and width * height > 0.5 * tile * tile * i * j:
             best = (i, j)
     return best[0] * best[1]
+
+
+def idefics3_images(width: int, height: int, longest_edge: int, tile: int) -> int:
+    """Images (tiles + the global one) Idefics3's processor makes of a page: its resize to `longest_edge`
+    (long side exact, short side by the aspect ratio, rounded up to even), then to whole tiles of `tile` px
+    (the short side from the resized image's own aspect ratio, as `resize_for_vision_encoder` does)."""
+    _check(width, height)
+    if width >= height:
+        w, h = longest_edge, int(longest_edge / (width / height))
+        h += h % 2
+    else:
+        h, w = longest_edge, int(longest_edge * (width / height))
+        w += w % 2
+    h, w = max(h, 1), max(w, 1)
+    if w >= h:
+        tiled_w = math.ceil(w / tile) * tile
+        tiled_h = math.ceil(int(tiled_w / (w / h)) / tile) * tile
+    else:
+        tiled_h = math.ceil(h / tile) * tile
+        tiled_w = math.ceil(int(tiled_h * (w / h)) / tile) * tile
+    if tiled_h > tile or tiled_w > tile:
+        return (tiled_h // tile) * (tiled_w // tile) + 1
+    return 1
 
 
 def _read(folder: Path, name: str) -> dict[str, Any]:
@@ -190,6 +223,12 @@ def rule_for(family: str, model: str | None = None) -> ImageTokenRule:
                               max_tiles=int(config.get("max_dynamic_patch") or pre.get("max_patches") or 12),
                               thumbnail=bool(config.get("use_thumbnail", True)),
                               downsample_ratio=float(config.get("downsample_ratio") or 0.5), source=source)
+    if family == "idefics3":
+        size, tile = pre.get("size") or {}, pre.get("max_image_size") or {}
+        image_size, scale = _first(vision.get("image_size"), 364), int(config.get("scale_factor") or 2)
+        return ImageTokenRule(family, patch_size=patch, tile_size=int(tile.get("longest_edge") or base.tile_size),
+                              longest_edge=int(size.get("longest_edge") or base.longest_edge),
+                              seq_len=int((image_size // patch) ** 2 / scale ** 2), source=source)
     return ImageTokenRule(family, patch_size=patch, tile_size=_side(pre.get("size"), base.tile_size),
                           max_tiles=int(pre.get("max_image_tiles") or base.max_tiles), source=source)
 

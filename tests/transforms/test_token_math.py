@@ -104,3 +104,27 @@ def test_budget_takes_a_rule_or_a_name() -> None:
     assert budget.estimate_image_tokens("llava_next", 336, 336) == DEFAULT_RULES["llava_next"].tokens(336, 336)
     size = budget.fit_to_token_budget(2480, 3508, 100, rule)
     assert size is not None and rule.tokens(*size) <= 100
+
+
+def test_idefics3_tiles_match_the_transformers_image_processor() -> None:
+    import numpy as np
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    rule = DEFAULT_RULES["idefics3"]
+    processor = Idefics3ImageProcessorPil()  # Idefics3-8B's defaults: long side 1456, 364 px tiles
+    for w, h in [*SIZES[:16], (364, 364), (100, 80), (1456, 365)]:
+        out = processor(np.zeros((h, w, 3), dtype=np.uint8), return_row_col_info=True)
+        rows, cols = out["rows"][0][0], out["cols"][0][0]
+        images = rows * cols + 1 if rows * cols else 1  # the tiles and the global image, or one image
+        assert rule.tokens(w, h) == images * 169, (w, h, rows, cols)
+
+
+def test_idefics3_parameters_from_config(tmp_path: Path) -> None:
+    # granite-docling's layout: 512 px tiles of SigLIP patch 16, scale factor 4: 64 tokens a tile.
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "idefics3", "scale_factor": 4,
+                                                      "vision_config": {"image_size": 512, "patch_size": 16}}))
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(
+        {"size": {"longest_edge": 2048}, "max_image_size": {"longest_edge": 512}}))
+    rule = rule_for("qwen2_vl", str(tmp_path))
+    assert (rule.family, rule.tile_size, rule.longest_edge, rule.seq_len) == ("idefics3", 512, 2048, 64)
+    assert rule.tokens(2048, 2048) == (4 * 4 + 1) * 64
