@@ -190,8 +190,8 @@ def rule_for(family: str, model: str | None = None) -> ImageTokenRule:
     if family not in DEFAULT_RULES and str(config.get("model_type")) not in MODEL_TYPES:
         raise ValueError(f"unknown model family {family!r}; known: {', '.join(DEFAULT_RULES)}")
     if str(config.get("model_type")) not in MODEL_TYPES:
-        # An architecture without a rule here: its processor's keys mean other things (Idefics3's
-        # size.longest_edge is a side, not a pixel count), so --model-family's published defaults apply.
+        # An architecture without a rule here: its processor's keys mean other things (a `size.longest_edge`
+        # may be a side, not a pixel count), so --model-family's published defaults apply.
         return DEFAULT_RULES[family]
     family = MODEL_TYPES[str(config.get("model_type"))]
     pre = _read(folder, "preprocessor_config.json") or _read(folder, "processor_config.json").get("image_processor", {})

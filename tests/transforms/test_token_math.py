@@ -40,11 +40,11 @@ def test_qwen_parameters_come_from_the_folder(tmp_path: Path) -> None:
 
 
 def test_a_folder_of_another_architecture_keeps_the_family_defaults(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "idefics3"}))
-    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"size": {"longest_edge": 1456}}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "pixtral"}))
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"size": {"longest_edge": 1024}}))
     assert rule_for("qwen2_vl", str(tmp_path)) == DEFAULT_RULES["qwen2_vl"]
     with pytest.raises(ValueError, match="unknown model family"):
-        rule_for("idefics3", str(tmp_path))
+        rule_for("pixtral", str(tmp_path))
 
 
 def test_hub_ids_and_missing_folders_take_the_published_defaults() -> None:
