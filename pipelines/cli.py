@@ -19,7 +19,7 @@ pagemill estimate --input URI [--input URI ...] [--job FILE] [--output DIR] [--f
 pagemill report --output DIR [--tenant T] [--run-id ID] --html FILE
 pagemill eval --output DIR [--run-id ID] [--tenant T] --truth FILE [--format table|json] [--save]
 pagemill presets
-pagemill make-test-model DIR [--family qwen2_vl|qwen2_5_vl|llava_next|internvl] [--seed N]"""
+pagemill make-test-model DIR [--family qwen2_vl|qwen2_5_vl|llava_next|internvl|idefics3] [--seed N]"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

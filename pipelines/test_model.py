@@ -1,7 +1,8 @@
 """Tiny, randomly initialised vision-language models built from nothing, for tests and CI.
 
 Families (`FAMILIES`): qwen2_vl (the default), qwen2_5_vl (the architecture of olmOCR-2), llava_next
-(pipelines/test_model_llava.py) and internvl (pipelines/test_model_internvl.py).
+(pipelines/test_model_llava.py), internvl (pipelines/test_model_internvl.py) and idefics3
+(pipelines/test_model_idefics3.py).
 
 No network and no hub: the tokenizer is trained locally with `tokenizers`, the config comes from
 `transformers`, the weights are random (seeded), and the folder loads offline in `vllm.LLM(model=...)`
@@ -232,7 +233,7 @@ def _write_processor_config(out: Path, family: str = "qwen2_vl") -> None:
 
 
 PROCESSORS = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"}
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava_next", "internvl")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava_next", "internvl", "idefics3")
 
 CLOSERS = {'"': 2.0, "]": 2.0, "}": 2.0, ",": 1.0}
 CLOSING_BIAS = 4.0
@@ -249,7 +250,7 @@ def _prefer_closing_json(model: Any, tok: Any) -> None:
     """
     import torch
 
-    lm = model.model.language_model
+    lm = getattr(model.model, "language_model", None) or model.model.text_model  # Idefics3: text_model
     with torch.no_grad():
         lm.embed_tokens.weight[:, 0] = CLOSING_BIAS
         for layer in lm.layers:
@@ -291,6 +292,10 @@ def make_test_model(out_dir: Path, seed: int = 0, family: str = "qwen2_vl") -> P
         from pipelines.test_model_internvl import make_internvl
 
         return make_internvl(out, seed)
+    if family == "idefics3":
+        from pipelines.test_model_idefics3 import make_idefics3
+
+        return make_idefics3(out, seed)
     tok = _build_tokenizer(out, seed)
     vocab_size = ((len(tok) + 63) // 64) * 64  # pad embedding rows to a multiple of 64
     config = _build_config(tok.get_vocab(), vocab_size, family)

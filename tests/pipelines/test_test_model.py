@@ -97,7 +97,7 @@ def test_leaves_global_rng_alone(tmp_path: Path) -> None:
     assert torch.equal(torch.rand(3), expected)
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "llava_next", "internvl"])
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "llava_next", "internvl", "idefics3"])
 def test_other_families_from_the_command_line(family: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from pipelines import cli
     from transforms.token_math import DEFAULT_RULES, rule_for

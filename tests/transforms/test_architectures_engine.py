@@ -1,5 +1,6 @@
 """Other architectures through the real vLLM engine: tiny random LLaVA-NeXT (CLIP + Llama, anyres tiles) and
-InternVL (InternViT + Qwen2, dynamic 448 px tiles), `--schema markdown`, with the estimate's image tokens equal
+InternVL (InternViT + Qwen2, dynamic 448 px tiles) and Idefics3 (granite-docling's: SigLIP + Llama, 364 px
+tiles), `--schema markdown`, with the estimate's image tokens equal
 to the engine's own prompt count."""
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")]
 
 
-@pytest.fixture(scope="module", params=["llava_next", "internvl"])
+@pytest.fixture(scope="module", params=["llava_next", "internvl", "idefics3"])
 def model(request: pytest.FixtureRequest,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Engine, EngineSettings, Path]]:
     from pipelines.test_model import make_test_model
@@ -39,7 +40,7 @@ def test_markdown_and_exact_image_tokens(model: tuple[Engine, EngineSettings, Pa
     engine, settings, folder = model
     fmt = MARKDOWN_FORMATS["markdown"]
     rule = rule_for("qwen2_vl", str(folder))  # the folder's config.json names its family
-    assert rule.family in ("llava_next", "internvl2")
+    assert rule.family in ("llava_next", "internvl2", "idefics3")
     cfg = config(schema=fmt.schema, markdown=fmt, model_family=rule, max_tokens=24, max_attempts=1)
     pages = [*pages_of(docmaker.invoice_pdf(), "inv.pdf"), odd_page(1000, 240, "wide.png"),
              odd_page(200, 900, "tall.png")]

@@ -16,7 +16,8 @@ random.seed(7)
 SIZES += [(random.randint(28, 3000), random.randint(28, 3000)) for _ in range(40)]
 
 
-@pytest.fixture(scope="module", params=[("llava_next", "<image>"), ("internvl", "<IMG_CONTEXT>")])
+@pytest.fixture(scope="module",
+                params=[("llava_next", "<image>"), ("internvl", "<IMG_CONTEXT>"), ("idefics3", "<image>")])
 def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     from pipelines.test_model import make_test_model
 
@@ -62,7 +63,7 @@ def test_tiled_families_match_the_transformers_processor(tiny: tuple[Path, str])
     processor = AutoProcessor.from_pretrained(str(folder))
     image_id = processor.tokenizer.convert_tokens_to_ids(token)
     rule = rule_for("qwen2_vl", str(folder))  # the folder's model_type names the family
-    assert (rule.family, rule.tile_size) in (("llava_next", 336), ("internvl2", 448))
+    assert (rule.family, rule.tile_size) in (("llava_next", 336), ("internvl2", 448), ("idefics3", 364))
     for w, h in SIZES[:12]:
         ids = processor(text=token, images=Image.new("RGB", (w, h)), return_tensors="np")["input_ids"][0]
         assert rule.tokens(w, h) == int((ids == image_id).sum()), (w, h)
