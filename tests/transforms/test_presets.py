@@ -52,3 +52,10 @@ def test_run_refuses_an_unknown_preset(capsys: pytest.CaptureFixture[str], tmp_p
     code = cli.main(["run", "--input", str(tmp_path), "--output", str(tmp_path / "out"), "--preset", "gpt-9"])
     assert code == 2
     assert "unknown preset 'gpt-9'" in capsys.readouterr().err
+
+
+def test_write_markdown_needs_markdown_output(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    code = cli.main(["run", "--input", str(tmp_path), "--output", str(tmp_path / "out"), "--write-markdown"])
+    assert code == 2
+    assert "--write-markdown needs markdown output" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # refused before anything is written
