@@ -59,3 +59,13 @@ def test_write_markdown_needs_markdown_output(capsys: pytest.CaptureFixture[str]
     assert code == 2
     assert "--write-markdown needs markdown output" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()  # refused before anything is written
+
+
+def test_a_job_file_can_name_a_preset_and_override_it(tmp_path) -> None:
+    from pipelines.options import merge_flags
+
+    job = tmp_path / "jobs" / "olmocr.yaml"
+    job.parent.mkdir()
+    job.write_text("preset: olmocr\nmax_tokens: 2000\n")
+    o = options(with_preset(merge_flags(["--hints", "auto"], str(job))))
+    assert (o.preset, o.schema, o.max_tokens, o.hints, o.detail) == ("olmocr", "olmocr", 2000, "auto", "high")
