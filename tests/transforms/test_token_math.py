@@ -102,7 +102,9 @@ def test_llama32_rule_matches_transformers_canvas() -> None:
 def test_budget_takes_a_rule_or_a_name() -> None:
     rule = ImageTokenRule("qwen2_vl", min_pixels=3136, max_pixels=256 * 28 * 28)
     assert budget.estimate_image_tokens(rule, 2480, 3508) <= 256
-    assert budget.estimate_image_tokens("llava_next", 336, 336) == DEFAULT_RULES["llava_next"].tokens(336, 336)
+    # 336 x 336 by hand: the 336x672 pinpoint keeps all pixels and wastes least; its 24 x 48 grid is unpadded to
+    # 24 x 24 (square image), so 576 (base tile) + 576 (grid) + 24 (one newline a row) = 1176.
+    assert budget.estimate_image_tokens("llava_next", 336, 336) == 1176
     size = budget.fit_to_token_budget(2480, 3508, 100, rule)
     assert size is not None and rule.tokens(*size) <= 100
 
