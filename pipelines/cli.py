@@ -18,7 +18,8 @@ pagemill sql --output DIR [--tenant T] [--format table|csv|json] "QUERY" | --que
 pagemill estimate --input URI [--input URI ...] [--job FILE] [--output DIR] [--format table|json] [run options]
 pagemill report --output DIR [--tenant T] [--run-id ID] --html FILE
 pagemill eval --output DIR [--run-id ID] [--tenant T] --truth FILE [--format table|json] [--save]
-pagemill make-test-model DIR"""
+pagemill presets
+pagemill make-test-model DIR [--family qwen2_vl|qwen2_5_vl|llava_next|internvl|idefics3] [--seed N]"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -33,6 +34,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return sql_command(rest)
     if command == "make-test-model":
         return make_test_model_command(rest)
+    if command == "presets":
+        from transforms.presets import listing
+
+        print(listing())
+        return 0
     if command == "eval":
         return eval_command(rest)
     if command in ("estimate", "report"):
@@ -51,6 +57,7 @@ def run_command(argv: Sequence[str]) -> int:
     from pipelines.options import OptionError, PagemillOptions, check_identifiers, merge_flags, new_run_id
     from pipelines.preflight import preflight
     from pipelines.storage import add_storage_args, configure, storage_from
+    from transforms.presets import with_preset
     from transforms.write import clear_run, compact_run, run_files
 
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
@@ -70,6 +77,11 @@ def run_command(argv: Sequence[str]) -> int:
         return 2
     except (OSError, ValueError) as err:
         print(f"pagemill: cannot read job file {known.job}: {err}", file=sys.stderr)
+        return 2
+    try:
+        flags = with_preset(flags)  # the preset's flags first: every flag given explicitly wins
+    except ValueError as err:
+        print(f"pagemill run: --preset: {err}", file=sys.stderr)
         return 2
     from_job, flags = pre.parse_known_args(flags)  # storage keys of a job file; the command line wins
     given = {k: v for k, v in vars(from_job).items() if v and k != "job"}
@@ -126,6 +138,11 @@ def run_command(argv: Sequence[str]) -> int:
     manifest.update(resumed=resumed, exit_code=code, exit_reason=why)
     uri = write_manifest(o.output, o.run_id, manifest)
     print(summary(counts, wall, o.output, uri))
+    if o.write_markdown:
+        from pipelines.markdown_files import write_markdown
+
+        written = write_markdown(o.output, o.tenant, o.run_id, storage)
+        print(f"  markdown: {written} documents under {o.output.rstrip('/')}/markdown/tenant={o.tenant}/")
     for error in counts["errors"]:
         print(f"pagemill run: error: {error}", file=sys.stderr)
     print(f"pagemill: exit {code}: {why}", file=sys.stderr if code else sys.stdout)
@@ -212,12 +229,23 @@ def check_options(o: Any) -> list[str]:
         problems += endpoint_option_problems(o)
     elif looks_local and not Path(o.model).expanduser().exists():
         problems.append(f"--model {o.model}: no such model folder (a hub id looks like org/name)")
-    from schemas.extraction import SchemaError, load_schema
+    from schemas.extraction import SchemaError
+    from transforms.outputs import load_output
+    from transforms.token_math import rule_for
 
     try:
-        load_schema(o.schema)
+        _, markdown = load_output(o.schema)
+        if o.write_markdown and markdown is None:
+            problems.append(f"--write-markdown needs markdown output (--schema markdown or olmocr), not {o.schema}")
+        if o.engine == "openai" and markdown is not None:
+            # The served engine sends a JSON schema as response_format; markdown prompts are the local engine's.
+            problems.append(f"--schema {o.schema}: markdown output needs --engine vllm (served endpoints take JSON schemas)")
     except (SchemaError, OSError) as err:
         problems.append(f"--schema {o.schema}: {err}")
+    try:
+        rule_for(o.model_family, o.model)
+    except (ValueError, OSError) as err:
+        problems.append(f"--model-family {o.model_family}: {err}")
     return problems
 
 
@@ -349,13 +377,14 @@ def report_command(argv: Sequence[str]) -> int:
 def make_test_model_command(argv: Sequence[str]) -> int:
     from pathlib import Path
 
-    from pipelines.test_model import make_test_model
+    from pipelines.test_model import FAMILIES, make_test_model
 
     parser = argparse.ArgumentParser(prog="pagemill make-test-model")
     parser.add_argument("dir")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--family", default="qwen2_vl", choices=FAMILIES)
     args = parser.parse_args(argv)
-    path = make_test_model(Path(args.dir), seed=args.seed)
+    path = make_test_model(Path(args.dir), seed=args.seed, family=args.family)
     print(json.dumps({"model": str(path)}))
     return 0
 

@@ -31,12 +31,14 @@ from pipelines.estimate_scan import (
 )
 from pipelines.options import PagemillOptions
 from pipelines.storage import StorageConfig
-from schemas.extraction import ExtractionSchema, load_schema
+from schemas.extraction import ExtractionSchema
 from schemas.records import API_ROUTE_PREFIX
 from transforms import budget
 from transforms.detail import low_detail_size
 from transforms.intake import IntakeLimits
+from transforms.outputs import MarkdownFormat, load_output
 from transforms.prompt import SYSTEM_PROMPT, chat_messages, clean_hint, control_tokens, user_text
+from transforms.token_math import rule_for
 
 
 @dataclass(frozen=True)
@@ -68,8 +70,10 @@ class PromptTokens:
     them: exact with --model's own tokenizer and chat template when they are on this machine (offline),
     else characters / 4 of the same text."""
 
-    def __init__(self, model: str, revision: str | None, schema: ExtractionSchema) -> None:
+    def __init__(self, model: str, revision: str | None, schema: ExtractionSchema,
+                 markdown: MarkdownFormat | None = None) -> None:
         self.schema = dict(schema.schema)
+        self.markdown = markdown
         self.tokenizer = _local_tokenizer(model, revision)
         self.controls = control_tokens(self.tokenizer) if self.tokenizer is not None else ()
         self.method = ("exact (the tokenizer and chat template of --model)" if self.tokenizer is not None
@@ -82,6 +86,8 @@ class PromptTokens:
     def count_many(self, hints: Sequence[str], chunk: int = 512) -> list[int]:
         """Counts for many hints; the tokenizer encodes them in batches (in parallel, in Rust)."""
         if self.tokenizer is None:
+            if self.markdown is not None:
+                return [budget.text_tokens_estimate(_text(self.markdown.messages(h))) for h in hints]
             return [budget.text_tokens_estimate(SYSTEM_PROMPT + user_text(self.schema, h)) for h in hints]
         if self._empty is None:
             self._empty = self._encode([self._prompt("")])[0]
@@ -94,7 +100,8 @@ class PromptTokens:
         return counts
 
     def _prompt(self, hint: str) -> str:
-        messages = chat_messages(self.schema, hint, controls=self.controls)
+        messages = self.markdown.messages(hint, self.controls) if self.markdown is not None \
+            else chat_messages(self.schema, hint, controls=self.controls)
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def _encode(self, texts: list[str]) -> list[int]:
@@ -103,6 +110,13 @@ class PromptTokens:
         if backend is not None:
             return [len(e.ids) - 1 for e in backend.encode_batch(texts, add_special_tokens=False)]
         return [len(self.tokenizer.encode(t, add_special_tokens=False)) - 1 for t in texts]
+
+
+def _text(messages: list[dict[str, Any]]) -> str:
+    """The text parts of chat messages (the characters / 4 estimate counts these)."""
+    parts = [m["content"] if isinstance(m["content"], str) else
+             "".join(c.get("text", "") for c in m["content"]) for m in messages]
+    return "\n".join(parts)
 
 
 def _local_tokenizer(model: str, revision: str | None) -> Any:
@@ -162,7 +176,7 @@ class HintPolicy:
         return bool(hint) and len(text.strip()) <= max_chars
 
 
-def _fit(size: tuple[int, int], room: int, family: str) -> tuple[int, int] | None:
+def _fit(size: tuple[int, int], room: int, family: Any) -> tuple[int, int] | None:
     """`prepare`'s budget rule: an image too large for the room left is shrunk to fit, or fails (None)."""
     if budget.estimate_image_tokens(family, *size) <= room:
         return size
@@ -180,6 +194,7 @@ def plan_pages(docs: Sequence[Scanned], o: PagemillOptions, prompt: PromptTokens
     chosen = [rendered.get((uri, p.page_index)) for uri, _, p in pages]
     hints = [c.hint if c else policy.hint(p.text, o.max_hint_chars) for c, (_, _, p) in zip(chosen, pages, strict=True)]
     side = policy.low_detail_side
+    family = rule_for(o.model_family, o.model)  # the model folder's processor settings when it is local
     plans = []
     for (uri, fmt, p), hint, text_tokens, choice in zip(pages, hints, prompt.count_many(hints), chosen, strict=True):
         if p.reason_code:
@@ -190,15 +205,15 @@ def plan_pages(docs: Sequence[Scanned], o: PagemillOptions, prompt: PromptTokens
             else decisions.low_share.get(group, (None, 0))[0]
         low = (choice.low if choice is not None else policy.low(p.text, hint, o.max_hint_chars)) and side > 0
         room = o.max_model_len - o.max_tokens - text_tokens
-        high = _fit((p.width, p.height), room, o.model_family)
-        small = _fit(low_detail_size(p.width, p.height, side), room, o.model_family) if side > 0 else high
+        high = _fit((p.width, p.height), room, family)
+        small = _fit(low_detail_size(p.width, p.height, side), room, family) if side > 0 else high
         size = small if (low if share is None else share >= 0.5) else high
         if size is None:
             plans.append(PagePlan(uri, p.page_index, p.width, p.height, 0, 0, 0, 0, "failed", "over_token_budget"))
             continue
-        tokens = {k: budget.estimate_image_tokens(o.model_family, *v) if v else 0 for k, v in
+        tokens = {k: budget.estimate_image_tokens(family, *v) if v else 0 for k, v in
                   (("low", small), ("high", high), ("sent", size))}
-        full = budget.estimate_image_tokens(o.model_family, p.width, p.height)
+        full = budget.estimate_image_tokens(family, p.width, p.height)
         if share is not None:  # not rendered: the expected tokens at its stratum's measured low share
             plans.append(PagePlan(uri, p.page_index, p.width, p.height, size[0], size[1],
                                   round(expected_tokens(tokens["low"] or tokens["high"], tokens["high"] or
@@ -272,7 +287,8 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
              per_page: bool = False, sample_pages: int = 200, sample_seed: int = 0) -> dict[str, Any]:
     """The whole estimate as one JSON-ready dict."""
     t0 = time.perf_counter()
-    schema = load_schema(o.schema)
+    schema, markdown = load_output(o.schema)
+    rule = rule_for(o.model_family, o.model)
     throughput = load_throughput(o.model, pages_per_second)
     prices = budget.load_prices()
     t_setup = time.perf_counter()  # the schema check imports the grammar compiler: seconds, once
@@ -288,7 +304,7 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
     cached = cached_documents(o.output, storage, {d.doc_sha256: len(d.pages) for d in kept if d.doc_sha256}, key) \
         if o.output else set()
     out_figure, out_source = output_figure(o, storage, key, output_tokens)
-    prompt, policy = PromptTokens(o.model, o.model_revision, schema), HintPolicy.of(o)
+    prompt, policy = PromptTokens(o.model, o.model_revision, schema, markdown), HintPolicy.of(o)
     todo = [d for d in kept if d.doc_sha256 not in cached]
     t_prompt = time.perf_counter()
     decisions = render_decisions(todo, o, policy.detail, policy.hints, sample_pages, sample_seed)
@@ -303,7 +319,7 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
     hints = (f"hints (--hints {policy.hints}): the PDF text layer where there is one; OCR text is not counted"
              if read_text else "text layers not read (--read-text false)")
     assumptions = [
-        f"image tokens: {o.model_family} estimator on the page sizes the page stage would produce "
+        f"image tokens: {rule.family} estimator ({rule.source}) on the page sizes the page stage would produce "
         f"(--dpi {o.dpi:g}, --max-side {o.max_side})",
         f"result cache: documents whose every page has a reusable row under {o.output} for the same tenant, model, "
         "revision and schema (a document-level check)" if o.output else "result cache: not applied (no --output)",
@@ -319,7 +335,7 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
     usd = gpu_hours * o.gpu_hourly_usd
     hosted = hosted_prices(to_model, tokens, prices)
     report: dict[str, Any] = {
-        "inputs": list(o.input), "schema": schema.schema_id, "model": o.model, "model_family": o.model_family,
+        "inputs": list(o.input), "schema": schema.schema_id, "model": o.model, "model_family": rule.family,
         "documents": {"listed": len(scanned), "rejected": sum(rejected.values()), "reject_reasons": dict(rejected),
                       "duplicate": len(dup), "cached": len(cached), "to_extract": len(kept) - len(cached)},
         "pages": {"in_accepted_documents": sum(len(d.pages) for d in scanned if d.status == "accepted"),

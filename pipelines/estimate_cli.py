@@ -69,7 +69,9 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, PagemillOptions, Sto
     parser.add_argument("--sample-seed", type=int, default=0, help="seed of the --sample-pages sample")
     add_storage_args(parser)
     args, rest = parser.parse_known_args(argv)
-    options = PagemillOptions(merge_flags(rest, args.job))
+    from transforms.presets import with_preset
+
+    options = PagemillOptions(with_preset(merge_flags(rest, args.job)))
     # As `pagemill run`: storage flags on the command line win over those in the job file or Beam's own.
     given = {k: v for k, v in vars(args).items() if v}
     return args, options.view_as(PagemillOptions), storage_from({**options.get_all_options(), **given})

@@ -135,13 +135,16 @@ def model_route(o: PagemillOptions) -> str:
 
 
 def extract_config(o: PagemillOptions) -> ExtractConfig:
-    from schemas.extraction import load_schema
     from transforms.budget import load_prices
+    from transforms.outputs import load_output
+    from transforms.token_math import rule_for
 
     # A served endpoint: its requests in flight, and as many queued behind them in the stage.
     in_flight = o.max_in_flight or (2 * max(1, o.concurrency) if o.engine == "openai" else 0)
-    return ExtractConfig(schema=load_schema(o.schema), tenant=o.tenant, model=o.model, model_revision=o.model_revision,
-                         render_key=render_key(o), model_family=o.model_family,
+    schema, markdown = load_output(o.schema)
+    return ExtractConfig(schema=schema, markdown=markdown, tenant=o.tenant, model=o.model,
+                         model_revision=o.model_revision, render_key=render_key(o),
+                         model_family=rule_for(o.model_family, o.model),
                          max_model_len=o.max_model_len, max_tokens=o.max_tokens, max_attempts=o.max_attempts,
                          max_hint_chars=o.max_hint_chars, max_in_flight=in_flight,
                          gpu_hourly_usd=o.gpu_hourly_usd, api_price=o.api_price, prices=load_prices(),

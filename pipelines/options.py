@@ -65,10 +65,16 @@ class PagemillOptions(PipelineOptions):
         # Extraction.
         _flag(parser, "extract", type=_bool, default=True,
               help="false: render and account only (pages get status `rendered`, no model)")
-        _flag(parser, "schema", default="invoice", help="shipped schema name or path to a JSON Schema")
+        _flag(parser, "preset", default=None,
+              help="a model preset (`pagemill presets`): its flags are defaults that explicit flags override")
+        _flag(parser, "schema", default="invoice",
+              help="shipped schema name or path to a JSON Schema, or a markdown format: markdown, olmocr")
+        _flag(parser, "write_markdown", type=_bool, default=False,
+              help="markdown output: also write one .md file per document under <output>/markdown/")
         _flag(parser, "model", default=DEFAULT_MODEL, help="local model folder or hub id")
         _flag(parser, "model_revision", default=None, help="model revision (hub) or a label for local models")
-        _flag(parser, "model_family", default="qwen2_vl", help="token-estimator family of --model")
+        _flag(parser, "model_family", default="qwen2_vl",
+              help="token-estimator family of --model (a local folder's config.json names its own)")
         _flag(parser, "max_model_len", type=int, default=8192)
         _flag(parser, "max_tokens", type=int, default=1024, help="output token cap per page")
         _flag(parser, "max_attempts", type=int, default=2, help="attempts per page before it is failed")

@@ -1,4 +1,8 @@
-"""A tiny, randomly initialised Qwen2-VL model built from nothing, for tests and CI.
+"""Tiny, randomly initialised vision-language models built from nothing, for tests and CI.
+
+Families (`FAMILIES`): qwen2_vl (the default), qwen2_5_vl (the architecture of olmOCR-2), llava_next
+(pipelines/test_model_llava.py), internvl (pipelines/test_model_internvl.py) and idefics3
+(pipelines/test_model_idefics3.py).
 
 No network and no hub: the tokenizer is trained locally with `tokenizers`, the config comes from
 `transformers`, the weights are random (seeded), and the folder loads offline in `vllm.LLM(model=...)`
@@ -114,7 +118,8 @@ def _corpus(seed: int, n_lines: int = 4000) -> Iterator[str]:
             yield "".join(rnd.choice(string.printable) for _ in range(rnd.randint(5, 40)))
 
 
-def _build_tokenizer(out: Path, seed: int) -> Any:
+def _build_tokenizer(out: Path, seed: int, specials: tuple[str, ...] = QWEN2_VL_SPECIAL_TOKENS,
+                     chat_template: str = QWEN2_VL_CHAT_TEMPLATE) -> Any:
     """Train a byte-level BPE (like Qwen2's: every string is encodable) and save it HF-style."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
@@ -126,7 +131,7 @@ def _build_tokenizer(out: Path, seed: int) -> Any:
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
         min_frequency=2,
-        special_tokens=list(QWEN2_VL_SPECIAL_TOKENS),
+        special_tokens=list(specials),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -141,13 +146,13 @@ def _build_tokenizer(out: Path, seed: int) -> Any:
         clean_up_tokenization_spaces=False,
         split_special_tokens=False,
     )
-    hf_tok.chat_template = QWEN2_VL_CHAT_TEMPLATE
+    hf_tok.chat_template = chat_template
     hf_tok.save_pretrained(out)
     return hf_tok
 
 
-def _build_config(vocab: dict[str, int], vocab_size: int) -> Any:
-    from transformers import Qwen2VLConfig
+def _build_config(vocab: dict[str, int], vocab_size: int, family: str = "qwen2_vl") -> Any:
+    from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
 
     text = {
         "vocab_size": vocab_size,
@@ -176,7 +181,15 @@ def _build_config(vocab: dict[str, int], vocab_size: int) -> Any:
         "temporal_patch_size": TEMPORAL_PATCH_SIZE,
         "in_channels": 3,
     }
-    return Qwen2VLConfig(
+    cls = Qwen2VLConfig
+    if family == "qwen2_5_vl":
+        # Qwen2.5-VL's vision tower: window attention, an MLP with its own width, a merger to the text width.
+        vision = {"depth": 2, "hidden_size": 64, "out_hidden_size": 128, "intermediate_size": 128, "num_heads": 2,
+                  "patch_size": PATCH_SIZE, "spatial_merge_size": MERGE_SIZE,
+                  "temporal_patch_size": TEMPORAL_PATCH_SIZE, "in_channels": 3, "window_size": 112,
+                  "fullatt_block_indexes": [1]}
+        cls = Qwen2_5_VLConfig
+    return cls(
         text_config=text,
         vision_config=vision,
         image_token_id=vocab["<|image_pad|>"],
@@ -186,7 +199,7 @@ def _build_config(vocab: dict[str, int], vocab_size: int) -> Any:
     )
 
 
-def _write_processor_config(out: Path) -> None:
+def _write_processor_config(out: Path, family: str = "qwen2_vl") -> None:
     """Write preprocessor_config.json (+ video and processor configs) directly as JSON.
 
     Building a Qwen2VLProcessor object needs a working torchvision (its video processor), which the
@@ -208,16 +221,19 @@ def _write_processor_config(out: Path) -> None:
         "max_pixels": MAX_PIXELS,
         "size": {"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS},
         "resample": 3,
-        "processor_class": "Qwen2VLProcessor",
+        "processor_class": PROCESSORS[family],
     }
     files = {
         "preprocessor_config.json": {**common, "image_processor_type": "Qwen2VLImageProcessor"},
         "video_preprocessor_config.json": {**common, "video_processor_type": "Qwen2VLVideoProcessor"},
-        "processor_config.json": {"processor_class": "Qwen2VLProcessor"},
+        "processor_config.json": {"processor_class": PROCESSORS[family]},
     }
     for name, cfg in files.items():
         (out / name).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
+
+PROCESSORS = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"}
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava_next", "internvl", "idefics3")
 
 CLOSERS = {'"': 2.0, "]": 2.0, "}": 2.0, ",": 1.0}
 CLOSING_BIAS = 4.0
@@ -234,7 +250,7 @@ def _prefer_closing_json(model: Any, tok: Any) -> None:
     """
     import torch
 
-    lm = model.model.language_model
+    lm = getattr(model.model, "language_model", None) or model.model.text_model  # Idefics3: text_model
     with torch.no_grad():
         lm.embed_tokens.weight[:, 0] = CLOSING_BIAS
         for layer in lm.layers:
@@ -249,8 +265,8 @@ def _prefer_closing_json(model: Any, tok: Any) -> None:
                 head[token_id, 0] = max(CLOSERS[c] for c in text)
 
 
-def make_test_model(out_dir: Path, seed: int = 0) -> Path:
-    """Write a tiny random-weight Qwen2-VL model (~2 MB, bf16) into `out_dir` and return it.
+def make_test_model(out_dir: Path, seed: int = 0, family: str = "qwen2_vl") -> Path:
+    """Write a tiny random-weight model of `family` (~2 MB, bf16) into `out_dir` and return it.
 
     Deterministic: the same seed gives byte-identical files. The global torch RNG is left as it was,
     so calling this from a test does not change other tests' random numbers.
@@ -262,23 +278,38 @@ def make_test_model(out_dir: Path, seed: int = 0) -> Path:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
     import torch
-    from transformers import Qwen2VLForConditionalGeneration
+    from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
 
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if family == "llava_next":
+        from pipelines.test_model_llava import make_llava_next
+
+        return make_llava_next(out, seed)
+    if family == "internvl":
+        from pipelines.test_model_internvl import make_internvl
+
+        return make_internvl(out, seed)
+    if family == "idefics3":
+        from pipelines.test_model_idefics3 import make_idefics3
+
+        return make_idefics3(out, seed)
     tok = _build_tokenizer(out, seed)
     vocab_size = ((len(tok) + 63) // 64) * 64  # pad embedding rows to a multiple of 64
-    config = _build_config(tok.get_vocab(), vocab_size)
+    config = _build_config(tok.get_vocab(), vocab_size, family)
     config.dtype = torch.bfloat16
+    model_cls = Qwen2_5_VLForConditionalGeneration if family == "qwen2_5_vl" else Qwen2VLForConditionalGeneration
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2VLForConditionalGeneration(config).to(torch.bfloat16).eval()
+        model = model_cls(config).to(torch.bfloat16).eval()
         _prefer_closing_json(model, tok)
     gen = model.generation_config
     gen.eos_token_id = config.text_config.eos_token_id
     gen.pad_token_id = config.text_config.pad_token_id
     gen.bos_token_id = config.text_config.bos_token_id
     model.save_pretrained(out, safe_serialization=True)
-    _write_processor_config(out)
+    _write_processor_config(out, family)
     return out

@@ -19,6 +19,6 @@ SYSTEM_REASONS = frozenset({
     "storage_error",       # the object store kept failing past the read retries (transforms/reading.py)
 })
 # The model ran but its answer failed the checks: data quality, reported per page, not a system failure.
-MODEL_OUTPUT_REASONS = frozenset({"invalid_json", "schema_invalid", "truncated"})
+MODEL_OUTPUT_REASONS = frozenset({"invalid_json", "schema_invalid", "truncated", "front_matter_invalid"})
 # Everything else (too_large, unreadable, encrypted, render_failed, worker_crashed, ...) is about the input.
 INPUT_REASONS = frozenset(REASON_CODES) - SYSTEM_REASONS - MODEL_OUTPUT_REASONS

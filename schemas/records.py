@@ -44,6 +44,8 @@ REASON_CODES = {
     "invalid_json": "model output is not JSON (after retries)",
     "schema_invalid": "model output is JSON but fails the schema (after retries)",
     "truncated": "model output hit max_tokens before the JSON closed (after retries)",
+    "front_matter_invalid": "markdown output's front matter is missing or has a field the format does not allow "
+                            "(after retries)",
     "extraction_failed": "no page of the document was extracted",
     "blocked_hash": "the document's sha256, or the page's sha256 or PDQ hash, is on a --blocklist",
     "blocked_nsfw": "the NSFW classifier scored the page at or over --nsfw-threshold",
@@ -68,6 +70,7 @@ FLAGS = {
     "pii_iban": "an IBAN (mod-97 valid) in a field that does not ask for one",
     "pii_national_id": "a national id (US SSN, UK NINO, Spanish DNI/NIE) in a field that does not ask for one",
     "refusal": "the output reads like a refusal rather than data",
+    "truncated_output": "markdown output hit --max-tokens: the page's text is cut short",
 }
 
 
@@ -180,6 +183,14 @@ class PageRow:
     image_tokens_saved: int = 0  # image tokens that sending the page at full detail would have cost more
     rendered_at: dt.datetime | None = None  # the page left the CPU stages
     extracted_at: dt.datetime | None = None  # its result came back (cached, duplicate: was available)
+    # Markdown output (--schema markdown / olmocr, transforms/outputs.py): the page text, and the front
+    # matter's fields where the format has them. None on JSON rows.
+    markdown: str | None = None
+    primary_language: str | None = None
+    is_rotation_valid: bool | None = None
+    rotation_correction: int | None = None
+    is_table: bool | None = None
+    is_diagram: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -227,3 +238,5 @@ class ExtractionResult:
     sent_width: int = 0
     sent_height: int = 0
     finished_at: dt.datetime | None = None
+    markdown: str | None = None  # markdown output: the page text (`extraction` holds the front matter)
+    flags: tuple[str, ...] = ()  # page flags the result raises (markdown: truncated_output)

@@ -58,6 +58,13 @@ PAGES = pa.schema([
     ("rendered_at", pa.timestamp("us", tz="UTC")),
     ("extracted_at", pa.timestamp("us", tz="UTC")),
     ("created_at", pa.timestamp("us", tz="UTC")),
+    # Markdown output (nullable; files written before these columns read them as null).
+    ("markdown", pa.string()),
+    ("primary_language", pa.string()),
+    ("is_rotation_valid", pa.bool_()),
+    ("rotation_correction", pa.int64()),
+    ("is_table", pa.bool_()),
+    ("is_diagram", pa.bool_()),
 ])
 
 LEDGER = pa.schema([

@@ -149,7 +149,8 @@ LLAMA32_MAX_TILES: Final = 4
 LLAMA32_TOKENS_PER_TILE: Final = (LLAMA32_TILE_SIZE // 14) ** 2 + 1
 
 
-def llama32_vision_tiles(width: int, height: int, max_tiles: int = LLAMA32_MAX_TILES) -> tuple[int, int]:
+def llama32_vision_tiles(width: int, height: int, max_tiles: int = LLAMA32_MAX_TILES,
+                        tile_size: int = LLAMA32_TILE_SIZE) -> tuple[int, int]:
     """(tiles across, tiles down) of the canvas Llama 3.2 Vision's processor picks for an image.
 
     Mirrors transformers' `get_optimal_tiled_canvas`: among all arrangements of at most `max_tiles`
@@ -160,7 +161,7 @@ def llama32_vision_tiles(width: int, height: int, max_tiles: int = LLAMA32_MAX_T
     options: list[tuple[float, int, int, int]] = []  # (scale, area, across, down)
     for across in range(1, max_tiles + 1):
         for down in range(1, max_tiles // across + 1):
-            scale = min(across * LLAMA32_TILE_SIZE / width, down * LLAMA32_TILE_SIZE / height)
+            scale = min(across * tile_size / width, down * tile_size / height)
             options.append((scale, across * down, across, down))
     up = [o for o in options if o[0] >= 1]
     best = min(o[0] for o in up) if up else max(o[0] for o in options)
@@ -196,13 +197,19 @@ IMAGE_TOKEN_FAMILIES: Final[Mapping[str, Callable[[int, int], int]]] = MappingPr
 )
 
 
-def estimate_image_tokens(family: str, width: int, height: int) -> int:
-    """Image tokens for one image of `width` x `height` px under a model family's rules."""
-    try:
-        fn = IMAGE_TOKEN_FAMILIES[family]
-    except KeyError:
-        known = ", ".join(IMAGE_TOKEN_FAMILIES)
-        raise ValueError(f"unknown model family {family!r}; known: {known}") from None
+def estimate_image_tokens(family: Any, width: int, height: int) -> int:
+    """Image tokens for one image of `width` x `height` px under a model family's rules. `family` is a
+    name, or a `transforms.token_math.ImageTokenRule` (a family's formula with a model folder's settings)."""
+    if hasattr(family, "tokens"):
+        return int(family.tokens(width, height))
+    fn = IMAGE_TOKEN_FAMILIES.get(family)
+    if fn is None:
+        from transforms.token_math import DEFAULT_RULES  # the open-weight families' published defaults
+
+        if family not in DEFAULT_RULES:
+            known = ", ".join([*IMAGE_TOKEN_FAMILIES, *(f for f in DEFAULT_RULES if f not in IMAGE_TOKEN_FAMILIES)])
+            raise ValueError(f"unknown model family {family!r}; known: {known}")
+        return DEFAULT_RULES[family].tokens(width, height)
     return fn(width, height)
 
 
@@ -216,7 +223,7 @@ def text_tokens_estimate(text: str) -> int:
 
 
 def fit_to_token_budget(
-    width: int, height: int, max_image_tokens: int, family: str = "qwen2_vl"
+    width: int, height: int, max_image_tokens: int, family: Any = "qwen2_vl"
 ) -> tuple[int, int] | None:
     """Largest (width, height), same aspect ratio, whose image-token estimate is <= max_image_tokens.
 

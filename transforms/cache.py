@@ -39,7 +39,9 @@ REUSABLE = ("ok", "cached", "duplicate")  # statuses whose extraction is a valid
 CACHE_COLUMNS = ["tenant", "doc_sha256", "page_index", "page_hash", "cache_key", "config_key", "status",
                  "schema_id", "schema_hash", "model", "model_revision", "extraction", "validation_errors",
                  "flags", "hint_source", "width", "height", "created_at",
-                 "pdq_hash"]  # issue 16: reused pages are re-checked against today's PDQ lists
+                 "pdq_hash",  # issue 16: reused pages are re-checked against today's PDQ lists
+                 # markdown output (older files lack them: read as absent)
+                 "markdown", "primary_language", "is_rotation_valid", "rotation_correction", "is_table", "is_diagram"]
 
 
 def reusable(row: Mapping[str, Any], tenant: str, config: str) -> bool:
@@ -57,6 +59,10 @@ def cached_row(earlier: Mapping[str, Any], doc_sha256: str, source_uri: str, pag
                    validation_errors=tuple(earlier.get("validation_errors") or ()),
                    flags=tuple(earlier.get("flags") or ()), hint_source=earlier.get("hint_source") or "none",
                    pdq_hash=earlier.get("pdq_hash"),  # kept, so that the next run can re-check this copy
+                   markdown=earlier.get("markdown"), primary_language=earlier.get("primary_language"),
+                   is_rotation_valid=earlier.get("is_rotation_valid"),
+                   rotation_correction=earlier.get("rotation_correction"), is_table=earlier.get("is_table"),
+                   is_diagram=earlier.get("is_diagram"),
                    route="cache", message="extraction reused from an earlier run")
 
 

@@ -111,7 +111,7 @@ class EngineOutput:
 
 
 def image_token_id_of(tok: Any) -> int | None:
-    for name in ("<|image_pad|>", "<image>"):
+    for name in ("<|image_pad|>", "<image>", "<IMG_CONTEXT>"):  # Qwen2-VL, LLaVA(-NeXT), InternVL
         token_id = tok.convert_tokens_to_ids(name)
         if isinstance(token_id, int) and token_id != getattr(tok, "unk_token_id", None):
             return token_id

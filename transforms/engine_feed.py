@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import json
 import logging
 import queue
 import threading
@@ -29,6 +30,7 @@ from schemas.records import ExtractionResult, PageTask
 from transforms import budget
 from transforms.detail import resize_for_detail
 from transforms.engine import Completion, PageEngine
+from transforms.outputs import TRUNCATED_FLAG, MarkdownFormat
 from transforms.postfilter import SchemaValidator
 from transforms.prompt import chat_messages, control_tokens
 
@@ -39,15 +41,18 @@ log = logging.getLogger(__name__)
 MAX_KEYS = 100_000  # done keys remembered per process for dedup (a few KB each); in-flight keys always
 
 
-def sampling_params(schema: Any, max_tokens: int, attempt: int) -> Any:
+def sampling_params(schema: Any, max_tokens: int, attempt: int, markdown: MarkdownFormat | None = None) -> Any:
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
     # Greedy first. A retry of a greedy decode would repeat itself, so later attempts sample
     # (unseeded: seeded sampling with chunked prefill crashes vLLM 0.32's CPU engine).
     temperature, top_p = (0.0, 1.0) if attempt == 1 else (0.7, 0.95)
-    return SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-                          structured_outputs=StructuredOutputsParams(json=dict(schema.schema)))
+    if markdown is None:
+        constraint = StructuredOutputsParams(json=dict(schema.schema))
+    else:  # markdown: the front matter constrained (when the format has one), the text capped by max_tokens
+        constraint = StructuredOutputsParams(regex=markdown.regex) if markdown.regex else None
+    return SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, structured_outputs=constraint)
 
 
 @dataclass
@@ -70,7 +75,10 @@ def prepare(task: PageTask, tokenizer: Any, cfg: ExtractConfig, controls: Sequen
     """Decode the page, build the prompt with the model's own chat template (the hint stripped of the
     tokenizer's control tokens: `controls`, computed once per engine, or from the tokenizer) and check it
     against max_model_len, shrinking the page image when that is enough to make it fit."""
-    messages = chat_messages(cfg.schema.schema, task.hint, tokenizer, controls)
+    if cfg.markdown is not None:
+        messages = cfg.markdown.messages(task.hint, control_tokens(tokenizer) if controls is None else controls)
+    else:
+        messages = chat_messages(cfg.schema.schema, task.hint, tokenizer, controls)
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     # The template holds one image placeholder token, which the engine expands to image_tokens.
     text_tokens = len(tokenizer.encode(text, add_special_tokens=False)) - 1
@@ -97,10 +105,21 @@ def usage(output: Any, image_id: int | None) -> tuple[int, int, int]:
     return image, len(prompt_ids) - image, len(output.outputs[0].token_ids)
 
 
-def judge(output: Any, image_id: int | None, validator: SchemaValidator, attempt: int) -> ExtractionResult:
-    """One finished request as a result: ok, or invalid with the validator's reason. Pure."""
+def judge(output: Any, image_id: int | None, validator: SchemaValidator, attempt: int,
+          markdown: MarkdownFormat | None = None) -> ExtractionResult:
+    """One finished request as a result: ok, or invalid with the validator's (or the markdown parser's)
+    reason. Pure. Markdown: `extraction` is the front matter as JSON, `markdown` the page text."""
     img_t, txt_t, out_t = usage(output, image_id)
     completion = output.outputs[0]
+    if markdown is not None:
+        parsed = markdown.parse(completion.text, completion.finish_reason)
+        return ExtractionResult(
+            status="ok" if parsed.ok else "invalid", reason_code=parsed.reason_code,
+            extraction=json.dumps(parsed.front_matter, sort_keys=True) if parsed.ok else None,
+            markdown=parsed.markdown, validation_errors=parsed.errors,
+            flags=(TRUNCATED_FLAG,) if parsed.ok and parsed.truncated else (),
+            image_tokens=img_t, text_tokens=txt_t, output_tokens=out_t,
+            message=None if parsed.ok else f"attempt {attempt}: {'; '.join(parsed.errors)[:400]}")
     checked = validator.parse_and_validate(completion.text, completion.finish_reason)
     return ExtractionResult(
         status="ok" if checked.ok else "invalid", reason_code=checked.reason_code,
@@ -197,8 +216,9 @@ class PageFeed:
 
     def _sampling(self, attempt: int) -> Any:
         if attempt not in self._params:
-            make = getattr(self.engine, "sampling_params", None) or sampling_params  # a served engine's own fields
-            self._params[attempt] = make(self.cfg.schema, self.cfg.max_tokens, attempt)
+            make = getattr(self.engine, "sampling_params", None)  # a served engine's own fields
+            self._params[attempt] = (make(self.cfg.schema, self.cfg.max_tokens, attempt) if make is not None else
+                                     sampling_params(self.cfg.schema, self.cfg.max_tokens, attempt, self.cfg.markdown))
         return self._params[attempt]
 
     def _submit(self, req: Request, result: Future[ExtractionResult]) -> None:
@@ -237,7 +257,7 @@ class PageFeed:
             completion = done.result()
             req.attempts += 1
             req.gpu_seconds += completion.gpu_seconds
-            judged = judge(completion.output, self._image_id, self.validator, req.attempts)
+            judged = judge(completion.output, self._image_id, self.validator, req.attempts, self.cfg.markdown)
             if judged.status == "ok":
                 return self._finish(req, result, judged)
             req.last = judged

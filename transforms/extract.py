@@ -30,7 +30,8 @@ from transforms import budget
 from transforms.cache import cached_row
 from transforms.detail import low_detail_size
 from transforms.engine import CPU_MAX_NUM_SEQS, Engine, EngineSettings, PageEngine
-from transforms.postfilter import output_flags
+from transforms.outputs import MarkdownFormat, front_matter_columns
+from transforms.postfilter import OutputFlags, markdown_flags, output_flags
 from transforms.prompt import SYSTEM_PROMPT, DecodingParams, cache_key, config_key
 
 EngineFactory = Callable[[EngineSettings], PageEngine]
@@ -43,7 +44,7 @@ class ExtractConfig:
     model: str
     model_revision: str | None
     render_key: str
-    model_family: str
+    model_family: Any  # a family name, or a transforms.token_math.ImageTokenRule (the model folder's settings)
     max_model_len: int
     max_tokens: int
     max_attempts: int
@@ -53,6 +54,8 @@ class ExtractConfig:
     prices: dict[str, Any]
     max_in_flight: int = 0  # pages in flight per engine; 0: twice the engine's max_num_seqs
     route: str = "model"  # the ledger route of pages sent to the model: model, served or api:<provider>
+    # Markdown output (transforms/outputs.py); `schema` is then its front matter's schema, named after it.
+    markdown: MarkdownFormat | None = None
 
     @property
     def decoding(self) -> DecodingParams:
@@ -105,7 +108,7 @@ def to_rows(result: Any, engine: EngineSettings, cfg: ExtractConfig) -> Iterator
     # A page the model never saw would cost nothing at a hosted API either.
     api_usd = budget.api_cost_usd(cfg.api_price, gpt_tokens + r.text_tokens, r.output_tokens, cfg.prices) \
         if r.attempts else 0.0
-    out = output_flags(r.extraction, cfg.schema.schema, SYSTEM_PROMPT)
+    out = result_flags(r, cfg)
     saved = 0
     if page.detail_side and r.image_tokens:  # sent at low detail: what full detail would have cost more
         saved = max(0, budget.estimate_image_tokens(cfg.model_family, page.width, page.height) - r.image_tokens)
@@ -115,8 +118,9 @@ def to_rows(result: Any, engine: EngineSettings, cfg: ExtractConfig) -> Iterator
                   image_tokens=r.image_tokens, text_tokens=r.text_tokens, output_tokens=r.output_tokens,
                   attempts=r.attempts, gpu_seconds=r.gpu_seconds, cost_usd=page_cost_usd(r, cfg),
                   api_equivalent_usd=api_usd,
-                  flags=tuple(dict.fromkeys(page.flags + out.flags)), flag_detail=page.flag_detail + out.notes,
-                  hint_coverage=page.hint_coverage, pdq_hash=page.pdq_hash, image_tokens_saved=saved,
+                  flags=tuple(dict.fromkeys(page.flags + r.flags + out.flags)),
+                  flag_detail=page.flag_detail + out.notes, hint_coverage=page.hint_coverage,
+                  pdq_hash=page.pdq_hash, image_tokens_saved=saved,
                   rendered_at=page.rendered_at, extracted_at=r.finished_at, **_common(task, r, engine, cfg))
     for ref in task.copies:
         yield copy_row(ref, task, r, engine, cfg)
@@ -134,19 +138,32 @@ def page_cost_usd(r: ExtractionResult, cfg: ExtractConfig) -> float:
 def copy_row(ref: PageRef | PageImage, task: PageTask, r: ExtractionResult, engine: EngineSettings,
              cfg: ExtractConfig, rendered_at: dt.datetime | None = None) -> PageRow:
     """A page that shares `task`'s key: its result, at zero cost. Pure."""
-    out = output_flags(r.extraction, cfg.schema.schema, SYSTEM_PROMPT)
+    out = result_flags(r, cfg)
     status = "duplicate" if r.status == "ok" else r.status
     done = max((t for t in (r.finished_at, rendered_at) if t is not None), default=None)
     return PageRow(doc_sha256=ref.doc_sha256, source_uri=ref.source_uri, page_index=ref.page_index,
                    status=status, page_hash=ref.page_hash, width=ref.width, height=ref.height,
                    hint_source=ref.hint_source, route="duplicate",
-                   flags=tuple(dict.fromkeys(ref.flags + out.flags)), flag_detail=ref.flag_detail + out.notes,
+                   flags=tuple(dict.fromkeys(ref.flags + r.flags + out.flags)), flag_detail=ref.flag_detail + out.notes,
                    hint_coverage=ref.hint_coverage, pdq_hash=ref.pdq_hash, rendered_at=rendered_at,
                    extracted_at=done, **_common(task, r, engine, cfg))
 
 
+def result_flags(r: ExtractionResult, cfg: ExtractConfig) -> OutputFlags:
+    """The post-filter's flags: on the JSON extraction, or on a markdown page's front matter and text."""
+    if cfg.markdown is None:
+        return output_flags(r.extraction, cfg.schema.schema, SYSTEM_PROMPT)
+    fm = output_flags(r.extraction, cfg.schema.schema, cfg.markdown.system_prompt)
+    md = markdown_flags(r.markdown, cfg.markdown.system_prompt)
+    return OutputFlags(tuple(dict.fromkeys(fm.flags + md.flags)), tuple(dict.fromkeys(fm.notes + md.notes)))
+
+
 def _common(task: PageTask, r: ExtractionResult, engine: EngineSettings, cfg: ExtractConfig) -> dict[str, Any]:
-    return {"cache_key": task.cache_key, "config_key": cfg.config_key, "schema_id": cfg.schema.schema_id,
+    markdown = {}
+    if cfg.markdown is not None:
+        markdown = {"markdown": r.markdown, **(front_matter_columns(r.extraction) if cfg.markdown.front_matter
+                                               and r.status == "ok" else {})}
+    return {**markdown, "cache_key": task.cache_key, "config_key": cfg.config_key, "schema_id": cfg.schema.schema_id,
             "schema_hash": cfg.schema.schema_hash, "model": engine.model, "model_revision": engine.model_revision,
             "extraction": r.extraction, "validation_errors": r.validation_errors, "reason_code": r.reason_code,
             "message": r.message, "hint": task.hint or None, "detail": task.page.detail}

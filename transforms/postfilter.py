@@ -233,3 +233,14 @@ def output_flags(extraction: str | None, schema: dict[str, Any], system_prompt: 
             flags += ["pii", f"pii_{kind}"]
             notes.append(f"pii_{kind}: {where}: {pii.mask(values[0])}"[:200])
     return OutputFlags(tuple(dict.fromkeys(flags)), tuple(dict.fromkeys(notes)))
+
+
+MARKDOWN_NODE = {"type": "object", "properties": {"markdown": {"type": "string", "description": "page text"}}}
+
+
+def markdown_flags(markdown: str | None, system_prompt: str = "") -> OutputFlags:
+    """The same checks on markdown output (the page text as one field, `/markdown`): nothing in a page
+    transcription asks for personal data, so any found there is flagged."""
+    if not markdown:
+        return OutputFlags()
+    return output_flags(json.dumps({"markdown": markdown}), MARKDOWN_NODE, system_prompt)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -94,3 +95,23 @@ def test_leaves_global_rng_alone(tmp_path: Path) -> None:
     torch.manual_seed(123)
     make_test_model(tmp_path / "m")
     assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "llava_next", "internvl", "idefics3"])
+def test_other_families_from_the_command_line(family: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pipelines import cli
+    from transforms.token_math import DEFAULT_RULES, rule_for
+
+    assert cli.main(["make-test-model", str(tmp_path / family), "--family", family]) == 0
+    folder = Path(json.loads(capsys.readouterr().out)["model"])
+    assert json.loads((folder / "config.json").read_text())["model_type"] == family
+    # The real processor settings of the family's released checkpoints: the same image-token rule.
+    assert dataclasses.replace(rule_for("qwen2_vl", str(folder)), source="") == \
+        dataclasses.replace(DEFAULT_RULES[{"internvl": "internvl2"}.get(family, family)], source="")
+    size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+    assert size < 5_000_000, size
+
+
+def test_unknown_family_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown family 'pixtral'"):
+        make_test_model(tmp_path / "x", family="pixtral")

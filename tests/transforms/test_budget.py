@@ -269,7 +269,7 @@ def test_boundaries_by_hand() -> None:
 def test_errors_name_the_choices() -> None:
     prices = load_prices()
     with pytest.raises(ValueError, match=r"^unknown model family 'gpt-5'; known: qwen2_vl, qwen2_5_vl, gpt-4o, "
-                                         r"claude, gemini, llama-3\.2-vision$"):
+                                         r"claude, gemini, llama-3\.2-vision, llava, llava_next, internvl2, idefics3$"):
         estimate_image_tokens("gpt-5", 10, 10)
     with pytest.raises(ValueError, match=r"^unknown provider 'gpt-9'; known: gpt-4o, claude-sonnet, "
                                          r"gemini-2\.5-flash$"):

@@ -1,0 +1,64 @@
+"""A tiny random InternVL (transformers' native layout: InternViT + Qwen2, pixel-shuffle projector).
+
+The processor settings are InternVL's: 448 px tiles, 1 to 12 tiles by aspect ratio plus a thumbnail, patch
+14 and downsample ratio 0.5, so 256 `<IMG_CONTEXT>` tokens a tile: a page gets as many image tokens as with
+the production model. Built like the other test models (pipelines/test_model.py): local tokenizer, seeded
+random weights, no hub.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+TILE = 448
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>", "<video>")
+# The tokenizer attributes InternVLProcessor reads.
+EXTRA_TOKENS = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+                "video_token": "<video>"}
+
+
+def _chat_template() -> str:
+    from pipelines.test_model import QWEN2_VL_CHAT_TEMPLATE
+
+    return (QWEN2_VL_CHAT_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<IMG_CONTEXT>")
+            .replace("<|vision_start|><|video_pad|><|vision_end|>", "<video>"))
+
+
+def make_internvl(out: Path, seed: int) -> Path:
+    import torch
+    from transformers import (
+        InternVLConfig,
+        InternVLForConditionalGeneration,
+        InternVLProcessor,
+        InternVLVideoProcessor,
+        PreTrainedTokenizerFast,
+    )
+    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
+
+    from pipelines.test_model import MAX_POSITION_EMBEDDINGS, _build_tokenizer, _prefer_closing_json
+
+    _build_tokenizer(out, seed, SPECIAL_TOKENS, _chat_template())
+    tok = PreTrainedTokenizerFast.from_pretrained(out, extra_special_tokens=EXTRA_TOKENS)
+    tok.save_pretrained(out)
+    vocab = tok.get_vocab()
+    text = {"model_type": "qwen2", "vocab_size": ((len(tok) + 63) // 64) * 64, "hidden_size": 128,
+            "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+            "max_position_embeddings": MAX_POSITION_EMBEDDINGS, "bos_token_id": vocab["<|endoftext|>"],
+            "eos_token_id": vocab["<|im_end|>"], "pad_token_id": vocab["<|endoftext|>"], "tie_word_embeddings": False}
+    vision = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128,
+              "image_size": [TILE, TILE], "patch_size": [14, 14]}
+    config = InternVLConfig(vision_config=vision, text_config=text, image_token_id=vocab["<IMG_CONTEXT>"],
+                            downsample_ratio=0.5, image_seq_length=256, tie_word_embeddings=False)
+    config.dtype = torch.bfloat16
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = InternVLForConditionalGeneration(config).to(torch.bfloat16).eval()
+        _prefer_closing_json(model, tok)
+    gen = model.generation_config
+    gen.eos_token_id, gen.pad_token_id, gen.bos_token_id = text["eos_token_id"], text["pad_token_id"], \
+        text["bos_token_id"]
+    model.save_pretrained(out, safe_serialization=True)
+    image = GotOcr2ImageProcessorPil(size={"height": TILE, "width": TILE}, crop_to_patches=True, min_patches=1,
+                                     max_patches=12)
+    InternVLProcessor(image_processor=image, tokenizer=tok, video_processor=InternVLVideoProcessor(),
+                      image_seq_length=256, chat_template=_chat_template()).save_pretrained(out)
+    return out
