@@ -239,7 +239,8 @@ def check_options(o: Any) -> list[str]:
             problems.append(f"--write-markdown needs markdown output (--schema markdown or olmocr), not {o.schema}")
         if o.engine == "openai" and markdown is not None:
             # The served engine sends a JSON schema as response_format; markdown prompts are the local engine's.
-            problems.append(f"--schema {o.schema}: markdown output needs --engine vllm (served endpoints take JSON schemas)")
+            problems.append(f"--schema {o.schema}: markdown output needs --engine vllm "
+                            "(served endpoints take JSON schemas)")
     except (SchemaError, OSError) as err:
         problems.append(f"--schema {o.schema}: {err}")
     try:
