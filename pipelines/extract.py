@@ -16,6 +16,7 @@ from transforms.hints import HintsDoFn, HintSettings, Ocr
 from transforms.intake import REJECTED, IntakeDoFn, IntakeLimits, ListObjects
 from transforms.ocr import OcrSettings
 from transforms.outcome import DocumentOutcomes
+from transforms.page_ranges import SplitPageRanges
 from transforms.pages import FAILED_PAGES, RenderPagesDoFn, RenderSettings
 from transforms.render_worker import RenderLimits, TimedRenderPagesDoFn
 from transforms.safety import QUARANTINED, DocumentGateDoFn, SafetyConfig, SafetyGateDoFn
@@ -155,6 +156,7 @@ def build_pipeline(p: beam.Pipeline, o: PagemillOptions, run: Mapping[str, Any],
         to_render, cached = split.render, split[CACHED]
     rendered = (
         to_render
+        | "PageRanges" >> SplitPageRanges(o.render_range_pages)
         | "RenderPages" >> beam.ParDo(render_dofn(o)).with_outputs(FAILED_PAGES, main="pages")
     )
     safe = (

@@ -177,7 +177,10 @@ def render_pdf(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterator[
         pdf = load_pdf(data)
         count = len(pdf)
     try:
-        for index in range(count):
+        for index in doc.page_indices:
+            if index >= count:  # the document has fewer pages than intake counted: never a crash
+                yield failed_page(doc, index, "render_failed", f"the document has {count} pages")
+                continue
             try:
                 # The lock is held for one page only (never across a yield), so threads interleave.
                 with PDFIUM_LOCK:
@@ -194,7 +197,7 @@ def render_pdf(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterator[
 
 def render_image(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterator[PageImage | PageRow]:
     with open_image(data, s.max_image_pixels) as img:
-        for index in range(doc.page_count):
+        for index in doc.page_indices:
             try:
                 seek_frame(img, index, s.max_image_pixels)  # before the frame is decoded
                 frame = ImageOps.exif_transpose(img) if index == 0 else img.copy()
@@ -213,7 +216,7 @@ def failed_page(doc: DocumentRecord, index: int, reason_code: str, message: str)
 def render_document(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterator[PageImage | PageRow]:
     """Every page of the document, one at a time: a PageImage, or a failed PageRow. Pure."""
     if hashlib.sha256(data).hexdigest() != doc.doc_sha256:
-        for index in range(doc.page_count):
+        for index in doc.page_indices:
             yield failed_page(doc, index, "changed_during_run", "the object's bytes changed after intake")
         return
     done = 0
@@ -223,10 +226,10 @@ def render_document(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iter
             done += 1
             yield page
     except PdfPasswordError as err:  # intake checked, but be safe: never crash on one document
-        for index in range(done, doc.page_count):
+        for index in doc.page_indices[done:]:
             yield failed_page(doc, index, "encrypted", str(err))
     except Exception as err:  # noqa: BLE001 - opening failed after intake passed: the pages fail, not the run
-        for index in range(done, doc.page_count):
+        for index in doc.page_indices[done:]:
             yield failed_page(doc, index, "render_failed", f"{type(err).__name__}: {err}")
 
 
@@ -248,7 +251,7 @@ class RenderPagesDoFn(beam.DoFn):
         try:
             data = read_capped(doc.uri, self.settings.max_bytes)
         except Exception as err:  # noqa: BLE001
-            for index in range(doc.page_count):
+            for index in doc.page_indices:
                 self.failed.inc()
                 yield beam.pvalue.TaggedOutput(FAILED_PAGES, failed_page(doc, index, "unreadable", str(err)))
             return
