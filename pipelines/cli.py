@@ -5,6 +5,7 @@ import argparse
 import datetime as dt
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -54,7 +55,14 @@ def run_command(argv: Sequence[str]) -> int:
     from pipelines.exit_codes import exit_code
     from pipelines.extract import build_pipeline
     from pipelines.manifest import build_manifest, run_counts, write_manifest
-    from pipelines.options import OptionError, PagemillOptions, check_identifiers, merge_flags, new_run_id
+    from pipelines.options import (
+        OptionError,
+        PagemillOptions,
+        check_identifiers,
+        local_workers_flags,
+        merge_flags,
+        new_run_id,
+    )
     from pipelines.preflight import preflight
     from pipelines.storage import add_storage_args, configure, storage_from
     from transforms.presets import with_preset
@@ -87,7 +95,8 @@ def run_command(argv: Sequence[str]) -> int:
     given = {k: v for k, v in vars(from_job).items() if v and k != "job"}
     given.update({k: v for k, v in vars(known).items() if v})
     storage = storage_from({**PagemillOptions(flags).get_all_options(), **given})
-    options = PagemillOptions(flags + storage.beam_flags())
+    # Every core by default: a local run's CPU stages in one worker process a core (`--workers`).
+    options = PagemillOptions(flags + storage.beam_flags() + local_workers_flags(flags, usable_cores()))
     o = options.view_as(PagemillOptions)
     if not o.input or not o.output:
         print("pagemill run: --input and --output are required (or a --job file that sets them)", file=sys.stderr)
@@ -147,6 +156,14 @@ def run_command(argv: Sequence[str]) -> int:
         print(f"pagemill run: error: {error}", file=sys.stderr)
     print(f"pagemill: exit {code}: {why}", file=sys.stderr if code else sys.stdout)
     return code
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, e.g. a container's CPU set), not the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def run_id_taken(output: str, tenant: str, run_id: str) -> list[str]:
@@ -215,6 +232,9 @@ def check_options(o: Any) -> list[str]:
             problems.append(f"--{name.replace('_', '-')} {getattr(o, name)!r} is not an ISO time")
     if not 0 <= o.max_failed_fraction <= 1:
         problems.append(f"--max-failed-fraction {o.max_failed_fraction:g} is not between 0 and 1")
+    for name in ("render_range_pages", "workers"):
+        if getattr(o, name) < 0:
+            problems.append(f"--{name.replace('_', '-')} {getattr(o, name)} is negative")
     for name in ("document_timeout_s", "page_timeout_s"):
         if getattr(o, name) < 0:
             problems.append(f"--{name.replace('_', '-')} {getattr(o, name):g} is negative (0 turns it off)")

@@ -16,6 +16,7 @@ from transforms.hints import HintsDoFn, HintSettings, Ocr
 from transforms.intake import REJECTED, IntakeDoFn, IntakeLimits, ListObjects
 from transforms.ocr import OcrSettings
 from transforms.outcome import DocumentOutcomes
+from transforms.page_ranges import SplitPageRanges
 from transforms.page_work import PageStages
 from transforms.pages import FAILED_PAGES, RenderPagesDoFn, RenderSettings
 from transforms.reading import ObjectReader, read_config
@@ -196,7 +197,11 @@ def build_pipeline(p: beam.Pipeline, o: PagemillOptions, run: Mapping[str, Any],
         split = dedup.kept | "DocumentCache" >> SkipCachedDocuments(earlier, safety_config(o))
         to_render, cached = split.render, split[CACHED]
     render = render_dofn(o, ocr)
-    rendered = to_render | "RenderPages" >> beam.ParDo(render).with_outputs(FAILED_PAGES, main="pages")
+    rendered = (
+        to_render
+        | "PageRanges" >> SplitPageRanges(o.render_range_pages)
+        | "RenderPages" >> beam.ParDo(render).with_outputs(FAILED_PAGES, main="pages")
+    )
     parts: tuple[beam.PCollection, ...] = (rendered[FAILED_PAGES],)
     if isinstance(render, TimedRenderPagesDoFn):  # gated and hinted in the render worker, under the limits
         hinted = rendered.pages

@@ -62,6 +62,9 @@ class PagemillOptions(PipelineOptions):
         _flag(parser, "max_side", type=int, default=1288, help="cap on a page image's longest side, px")
         _flag(parser, "jpeg_quality", type=int, default=90, help="quality of the page images in flight")
         _flag(parser, "max_text_chars", type=int, default=20_000, help="cap on a page's stored text layer")
+        _flag(parser, "render_range_pages", type=int, default=50,
+              help="render a PDF of at least twice this many pages as page ranges of this size on several "
+                   "workers (0: one unit a document)")
         # Extraction.
         _flag(parser, "extract", type=_bool, default=True,
               help="false: render and account only (pages get status `rendered`, no model)")
@@ -107,6 +110,9 @@ class PagemillOptions(PipelineOptions):
         _flag(parser, "endpoint_kind", default="served", choices=("served", "hosted"),
               help="--engine openai: served (self-hosted: --gpu-hourly-usd x wall time, route `served`) or "
                    "hosted (list price of --api-price, route `api:<provider>`)")
+        _flag(parser, "workers", type=int, default=0,
+              help="worker processes of a local (DirectRunner) run: 0 = one a core, 1 = in this process; "
+                   "Beam's --direct_running_mode / --direct_num_workers, when given, win")
         # Safety gate (transforms/safety.py) and hints (transforms/hints.py).
         _flag(parser, "blocklist", action="append", default=None,
               help="file or URI of `sha256:<hex>` / `pdq:<hex>` lines (# comments); repeatable")
@@ -277,6 +283,27 @@ def merge_flags(argv: Sequence[str], job_path: str | None) -> list[str]:
     if problems:
         raise OptionError(problems)
     return flags + list(argv)
+
+
+DIRECT_FLAGS = ("--direct_running_mode", "--direct_num_workers")
+
+
+def local_workers_flags(flags: Sequence[str], cores: int) -> list[str]:
+    """Pure: the Beam flags that make a local batch run use `--workers` processes (0: `cores`), one
+    engine per machine then serving them all (pipelines/extract.py, machine_engine). Nothing when the
+    flags choose the runner's mode or workers themselves, name another runner, or stream."""
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    if {f.split("=")[0] for f in flags} & set(DIRECT_FLAGS):
+        return []
+    options = PipelineOptions(list(flags))
+    standard = options.view_as(StandardOptions)
+    if standard.streaming or (standard.runner or "DirectRunner") not in ("DirectRunner", "direct"):
+        return []
+    workers = options.view_as(PagemillOptions).workers or cores
+    if workers <= 1:
+        return []
+    return [f"{DIRECT_FLAGS[0]}=multi_processing", f"{DIRECT_FLAGS[1]}={workers}"]
 
 
 def _resolve_paths(value: Any, base: Path, always: bool) -> Any:

@@ -92,6 +92,15 @@ class DocumentRecord:
     doc_sha256: str
     format: str
     page_count: int
+    # A render unit (transforms/page_ranges.py): pages [first_page, end_page) of the document; the
+    # whole document when end_page is 0. Its `documents` row is still built once, from every unit's pages.
+    first_page: int = 0
+    end_page: int = 0
+
+    @property
+    def page_indices(self) -> range:
+        """The pages this record asks to be rendered."""
+        return range(self.first_page, self.end_page or self.page_count)
 
 
 @dataclass(frozen=True)

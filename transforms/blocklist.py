@@ -17,6 +17,7 @@ significant first, as 64 lower-case hex digits; so lists exchanged with other PD
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -134,13 +135,28 @@ def pdq_hash(img: Image.Image) -> tuple[str, int]:
     """(64-hex PDQ hash, quality 0-100) of an image, computed on a copy at most PDQ_SIDE px."""
     import pdqhash
 
-    small = img.convert("RGB")
-    if max(small.size) > PDQ_SIDE:
-        small = small.copy()
-        small.thumbnail((PDQ_SIDE, PDQ_SIDE), Image.Resampling.BILINEAR)
+    small = img if img.mode == "RGB" else img.convert("RGB")
+    size = thumbnail_size(small.size, PDQ_SIDE)
+    if size != small.size:
+        # What Image.thumbnail does (its default reducing_gap too), without the in-place copy it needs.
+        small = small.resize(size, Image.Resampling.BILINEAR, reducing_gap=2.0)
     bits, quality = pdqhash.compute(np.ascontiguousarray(np.asarray(small)))
     value = int("".join(str(int(b)) for b in bits), 2)
     return f"{value:064x}", int(quality)
+
+
+def thumbnail_size(size: tuple[int, int], side: int) -> tuple[int, int]:
+    """The size Pillow's `Image.thumbnail((side, side))` gives an image of `size` (its aspect rounding)."""
+    width, height = size
+    if width <= side and height <= side:
+        return size
+    aspect = width / height
+    if aspect <= 1:  # side / side >= aspect: the height is the bound
+        x = max(min(math.floor(side * aspect), math.ceil(side * aspect), key=lambda n: abs(aspect - n / side)), 1)
+        return x, side
+    y = max(min(math.floor(side / aspect), math.ceil(side / aspect),
+                key=lambda n: 0 if n == 0 else abs(aspect - side / n)), 1)
+    return side, y
 
 
 def usable_pdq(img: Image.Image) -> str | None:

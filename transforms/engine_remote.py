@@ -154,6 +154,7 @@ class RemoteEngine:
         self._futures: dict[int, Future[Completion]] = {}
         self._next = 0
         self._restarted = threading.Condition()
+        self._restart_replies = 0  # answers to "restart" (a failed restart answers too, starts unchanged)
         self._tokenizer: Any = None
 
     def tokenizer(self) -> Any:
@@ -183,10 +184,10 @@ class RemoteEngine:
     def restart(self, seen: int | None = None) -> None:
         conn = self._connected()
         with self._restarted:
-            before = self.starts
+            answered = self._restart_replies
             with self._send_lock:
                 conn.send(("restart", seen if seen is not None else self.starts))
-            self._restarted.wait_for(lambda: self.starts != before or self._conn is None, timeout=3600)
+            self._restarted.wait_for(lambda: self._restart_replies != answered or self._conn is None, timeout=3600)
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
@@ -247,6 +248,7 @@ class RemoteEngine:
             if kind == "starts":
                 with self._restarted:
                     self.starts = message[1]
+                    self._restart_replies += 1
                     self._restarted.notify_all()
                 continue
             rid, starts = message[1], message[-1]

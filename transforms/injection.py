@@ -108,6 +108,8 @@ class InjectionMatch:
 
 def normalise(text: str) -> str:
     """NFKC, without format characters (zero-width spaces and joiners, bidi controls)."""
+    if text.isascii():  # NFKC leaves ASCII as it is and no ASCII character is a format character
+        return text
     text = unicodedata.normalize("NFKC", text)
     return "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
 

@@ -76,10 +76,11 @@ def pad_to_aspect(img: Image.Image, max_aspect: float) -> Image.Image:
     return padded
 
 
-def page_hash(img: Image.Image) -> str:
-    """sha256 of the normalised pixels and their size: equal pages in different files collide."""
+def page_hash(img: Image.Image, packed: object | None = None) -> str:
+    """sha256 of the normalised pixels and their size: equal pages in different files collide.
+    `packed`: the same pixels as `img.tobytes()` gives them, already in a buffer (saves a copy)."""
     digest = hashlib.sha256(f"{img.width}x{img.height}:".encode())
-    digest.update(img.tobytes())
+    digest.update(img.tobytes() if packed is None else packed)  # type: ignore[arg-type]
     return digest.hexdigest()
 
 
@@ -121,28 +122,44 @@ def has_raster_image(page: pdfium.PdfPage) -> bool:
 
 
 def _finish(doc: DocumentRecord, index: int, img: Image.Image, text: str, s: RenderSettings,
-            evidence: TextEvidence | None = None, has_raster: bool = True) -> PageImage:
+            evidence: TextEvidence | None = None, has_raster: bool = True, digest: str | None = None) -> PageImage:
     evidence = evidence or TextEvidence(coverage=0.0, invisible=())
-    return PageImage(doc_sha256=doc.doc_sha256, source_uri=doc.uri, page_index=index, page_hash=page_hash(img),
+    return PageImage(doc_sha256=doc.doc_sha256, source_uri=doc.uri, page_index=index,
+                     page_hash=digest or page_hash(img),
                      image=encode_page(img, s.jpeg_quality), width=img.width, height=img.height,
                      text_layer=text[: s.max_text_chars], text_coverage=evidence.coverage,
                      invisible_text=tuple(t[:500] for t in evidence.invisible[:50]),
                      flags=(TRUNCATED_FLAG,) if evidence.truncated else (), has_raster=has_raster)
 
 
-def render_pdf_page(pdf: pdfium.PdfDocument, index: int,
-                    s: RenderSettings) -> tuple[Image.Image, str, TextEvidence, bool]:
-    """Render one page (the caller holds the pdfium lock), read its text layer, compare the two, and
-    say whether it draws a raster image."""
+@dataclass(frozen=True)
+class RenderedPdfPage:
+    image: Image.Image  # normalised
+    text: str
+    evidence: TextEvidence
+    has_raster: bool
+    page_hash: str
+
+
+def render_pdf_page(pdf: pdfium.PdfDocument, index: int, s: RenderSettings) -> RenderedPdfPage:
+    """Render one page (the caller holds the pdfium lock), read its text layer, compare the two, say
+    whether it draws a raster image, and hash its pixels."""
     page = pdf[index]
     try:
         width, height = page.get_size()
         if max(width, height) > s.max_page_points or min(width, height) <= 0:
             raise PageError("page_too_large", f"page is {width:.0f}x{height:.0f} pt")
         scale = min(s.dpi / 72.0, s.max_side / max(width, height))
-        bitmap = page.render(scale=scale, may_draw_forms=True)
-        img = bitmap.to_pil()
-        bitmap.close()
+        # RGB byte order: PIL's own, so a page that needs no resize is hashed from pdfium's buffer as it
+        # is, with no BGR swap and no tobytes() copy.
+        bitmap = page.render(scale=scale, may_draw_forms=True, rev_byteorder=True)
+        try:
+            img = bitmap.to_pil()
+            final = normalise(img, s.max_side)
+            packed = bitmap.mode == "RGB" and bitmap.stride == 3 * bitmap.width and final is img
+            digest = page_hash(final, bitmap.buffer if packed else None)
+        finally:
+            bitmap.close()
         textpage = page.get_textpage()
         text = textpage.get_text_bounded()
         evidence = pdf_text_evidence(page, textpage, img)
@@ -152,7 +169,7 @@ def render_pdf_page(pdf: pdfium.PdfDocument, index: int,
         raster = evidence.coverage < PICTURE_MIN_COVERAGE or has_raster_image(page)
     finally:
         page.close()
-    return normalise(img, s.max_side), text, evidence, raster
+    return RenderedPdfPage(final, text, evidence, raster, digest)
 
 
 def render_pdf(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterator[PageImage | PageRow]:
@@ -160,12 +177,15 @@ def render_pdf(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterator[
         pdf = load_pdf(data)
         count = len(pdf)
     try:
-        for index in range(count):
+        for index in doc.page_indices:
+            if index >= count:  # the document has fewer pages than intake counted: never a crash
+                yield failed_page(doc, index, "render_failed", f"the document has {count} pages")
+                continue
             try:
                 # The lock is held for one page only (never across a yield), so threads interleave.
                 with PDFIUM_LOCK:
-                    img, text, evidence, raster = render_pdf_page(pdf, index, s)
-                yield _finish(doc, index, img, text, s, evidence, raster)
+                    r = render_pdf_page(pdf, index, s)
+                yield _finish(doc, index, r.image, r.text, s, r.evidence, r.has_raster, r.page_hash)
             except PageError as err:
                 yield failed_page(doc, index, err.reason_code, str(err))
             except Exception as err:  # noqa: BLE001 - one bad page must not fail its document
@@ -177,7 +197,7 @@ def render_pdf(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterator[
 
 def render_image(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterator[PageImage | PageRow]:
     with open_image(data, s.max_image_pixels) as img:
-        for index in range(doc.page_count):
+        for index in doc.page_indices:
             try:
                 seek_frame(img, index, s.max_image_pixels)  # before the frame is decoded
                 frame = ImageOps.exif_transpose(img) if index == 0 else img.copy()
@@ -196,7 +216,7 @@ def failed_page(doc: DocumentRecord, index: int, reason_code: str, message: str)
 def render_document(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterator[PageImage | PageRow]:
     """Every page of the document, one at a time: a PageImage, or a failed PageRow. Pure."""
     if hashlib.sha256(data).hexdigest() != doc.doc_sha256:
-        for index in range(doc.page_count):
+        for index in doc.page_indices:
             yield failed_page(doc, index, "changed_during_run", "the object's bytes changed after intake")
         return
     done = 0
@@ -206,10 +226,10 @@ def render_document(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iter
             done += 1
             yield page
     except PdfPasswordError as err:  # intake checked, but be safe: never crash on one document
-        for index in range(done, doc.page_count):
+        for index in doc.page_indices[done:]:
             yield failed_page(doc, index, "encrypted", str(err))
     except Exception as err:  # noqa: BLE001 - opening failed after intake passed: the pages fail, not the run
-        for index in range(done, doc.page_count):
+        for index in doc.page_indices[done:]:
             yield failed_page(doc, index, "render_failed", f"{type(err).__name__}: {err}")
 
 
@@ -232,7 +252,7 @@ class RenderPagesDoFn(beam.DoFn):
         try:
             data = self.reader.read(doc.uri, self.settings.max_bytes)
         except ReadFailed as err:  # storage_error after the retries, or unreadable
-            for index in range(doc.page_count):
+            for index in doc.page_indices:
                 self.failed.inc()
                 yield beam.pvalue.TaggedOutput(FAILED_PAGES, failed_page(doc, index, err.reason_code, str(err)))
             return

@@ -97,9 +97,23 @@ def _wait_s(now: float, doc_deadline: float, page_deadline: float) -> float | No
     return None if deadline == float("inf") else max(0.0, deadline - now)
 
 
+def range_limit_s(doc: DocumentRecord, document_timeout_s: float) -> float:
+    """Pure: a page range's share of the document's limit, by its pages: the ranges of a split
+    document together get what the whole document would have had."""
+    return document_timeout_s * len(doc.page_indices) / max(doc.page_count, 1)
+
+
+def range_note(doc: DocumentRecord, document_timeout_s: float) -> str:
+    pages = doc.page_indices
+    if len(pages) == doc.page_count:
+        return ""
+    return (f"; pages {pages.start + 1}-{pages.stop} of {doc.page_count} had "
+            f"{range_limit_s(doc, document_timeout_s):.0f} s of it")
+
+
 def missing_pages(doc: DocumentRecord, seen: set[int], reason_code: str, message: str) -> Iterator[PageRow]:
-    """Pure: a failed row for every page of `doc` that produced none."""
-    for index in range(doc.page_count):
+    """Pure: a failed row for every page of `doc` (of its page range) that produced none."""
+    for index in doc.page_indices:
         if index not in seen:
             yield failed_page(doc, index, reason_code, message)
 
@@ -184,7 +198,8 @@ class RenderWorker:
                started: float | None) -> Iterator[PageImage | PageRow]:
         start = time.monotonic() if started is None else started
         limits = self.limits
-        doc_deadline = start + limits.document_timeout_s if limits.document_timeout_s > 0 else float("inf")
+        doc_deadline = start + range_limit_s(doc, limits.document_timeout_s) if limits.document_timeout_s > 0 \
+            else float("inf")
         off_clock = 0.0  # the child's boot and the time later stages spent on yielded pages
         try:
             off_clock = self._boot()
@@ -215,10 +230,12 @@ class RenderWorker:
                 self.spawn()  # the next document's child boots while this one's rows go downstream
                 if over:
                     why = (f"stopped after {elapsed:.0f} s of reading, rendering, safety checks and hints "
-                           f"(--document-timeout-s {limits.document_timeout_s:g})")
+                           f"(--document-timeout-s {limits.document_timeout_s:g}"
+                           f"{range_note(doc, limits.document_timeout_s)})")
                 else:
                     why = f"a page took over --page-timeout-s {limits.page_timeout_s:g} to render, check and hint"
-                yield from missing_pages(doc, seen, "timeout", f"{len(seen)} of {doc.page_count} pages done; {why}")
+                done = f"{len(seen)} of {len(doc.page_indices)} pages done"
+                yield from missing_pages(doc, seen, "timeout", f"{done}; {why}")
                 return
             if isinstance(message, str):  # DONE
                 yield from missing_pages(doc, seen, "render_failed", "the renderer produced no row for this page")

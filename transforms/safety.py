@@ -159,12 +159,19 @@ def renditions(image: Image.Image, low_side: int) -> list[tuple[str, str | None]
     return out
 
 
+def decode_rgb(data: bytes) -> Image.Image:
+    """The page's pixels as RGB, copied only if the JPEG is not RGB already (a page's always is)."""
+    image = Image.open(io.BytesIO(data))
+    image.load()
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
 def screen_page(page: PageImage, checks: Checks, low_side: int) -> tuple[PageImage, Verdict | None]:
     """The page with its PDQ hash, and the first verdict against it (None: it may go on). Pure apart
     from what the checks themselves do; a check that raises gives a `safety_check_error` verdict."""
     name = "decode"
     try:
-        image = Image.open(io.BytesIO(page.image)).convert("RGB")
+        image = decode_rgb(page.image)
         name = "blocklist"
         hashes = renditions(image, low_side)
         page = replace(page, pdq_hash=hashes[0][1])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import sys
 import time
 import uuid
@@ -217,8 +218,15 @@ def run_failure(err: BaseException) -> str:
         if f"[Errno {code}]" in text or os.strerror(code) in text:
             return words
     root = chain[-1]
+    raised = _RAISED.findall(str(root)) if _TRACEBACK in str(root) else []
+    if raised:  # a worker process's traceback as text: its last exception line says what happened
+        return raised[-1].strip()[:300]
     first = (str(root).strip().splitlines() or [""])[0]
     return f"{type(root).__name__}: {first}"[:300]
+
+
+_TRACEBACK = "Traceback (most recent call last)"
+_RAISED = re.compile(r"^\s*((?:\w+\.)*\w*(?:Error|Exception|Exit|Interrupt)\b.*)$", re.MULTILINE)
 
 
 _STORAGE_ERRNOS = {errno.ENOSPC: "no space left on the output's storage",

@@ -24,8 +24,10 @@ from transforms.pages import RenderSettings, render_document
 HTML_NAME = "<img src=x onerror=alert(1)>.pdf"
 # The flags of tests/pipelines/test_run_extract.py (small pages and outputs keep the CPU engine quick), with the
 # hint and detail of every page fixed: text layer, full detail (auto decides both from the rendered page).
+# One worker process (--workers 1): the expected savings count in-run duplicate pages, which one process
+# catches wherever the copies are, and several processes only when a copy lands in the same one.
 RUN_FLAGS = ["--schema", "invoice", "--max-tokens", "384", "--kv-cache-gib", "0.25", "--max-side", "800",
-             "--progress-every-s", "0", "--hints", "text_layer", "--detail", "high"]
+             "--progress-every-s", "0", "--hints", "text_layer", "--detail", "high", "--workers", "1"]
 _made: dict[str, Path] = {}
 
 

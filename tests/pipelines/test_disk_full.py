@@ -30,8 +30,10 @@ def make_inputs(folder: Path, docs: int) -> int:
 
 
 def run(inputs: Path, output: Path, *flags: str) -> int:
+    # --workers 1: the full disk is injected in this process, so the writers must run here too.
     return cli.main(["run", "--input", str(inputs), "--output", str(output), "--run-id", "d1", "--extract", "false",
-                     "--hints", "text_layer", "--progress-every-s", "0", "--flush-rows", "1", *flags])
+                     "--hints", "text_layer", "--progress-every-s", "0", "--flush-rows", "1", "--workers", "1",
+                     *flags])
 
 
 def assert_nothing_half_written(output: Path) -> None:

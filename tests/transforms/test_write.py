@@ -248,3 +248,9 @@ def test_run_failure_names_the_root_cause_in_one_line() -> None:
     assert run_failure(remote) == "no space left on the output's storage"
     other = run_failure(RuntimeError("ValueError: bad thing\n  more lines"))
     assert other == "RuntimeError: ValueError: bad thing" and "\n" not in other
+    # A multi-process DirectRunner's error: the worker's whole traceback, the cause on its last exception line.
+    trace = RuntimeError("Traceback (most recent call last):\n  File \"x.py\", line 1, in f\nZeroDivisionError: "
+                         "division by zero\n\nDuring handling of the above exception, another exception occurred:"
+                         "\n\nTraceback (most recent call last):\n  File \"y.py\"\nZeroDivisionError: division by "
+                         "zero [while running 'Raise']\n\n")
+    assert run_failure(trace) == "ZeroDivisionError: division by zero [while running 'Raise']"
