@@ -27,8 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from transforms.heap import HeapTrimmer, fix_mmap_threshold
+
 log = logging.getLogger(__name__)
 CPU_MAX_NUM_SEQS = 16
+ONEDNN_CACHE_CAPACITY = 64
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,7 @@ class Engine:
         self._loop_thread: threading.Thread | None = None
         self._stopped = threading.Event()
         self._tokenizer: Any = None
+        self._heap = HeapTrimmer()
         # Started on first use: a run whose pages all come from the cache never pays for a start.
 
     def _started(self) -> Any:
@@ -203,6 +207,11 @@ class Engine:
         if Path(self.settings.model).exists():
             # A local folder: nothing may reach for a hub.
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        fix_mmap_threshold()  # large per-page buffers go back to the system when freed (transforms/heap.py)
+        if cpu:
+            # oneDNN keeps up to 1,024 compiled kernels, one per new prompt length: on a CPU engine that
+            # cache grew with the run. oneDNN reads the size only from the environment, before first use.
+            os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_CACHE_CAPACITY))
         t0 = time.perf_counter()
         self.llm = vllm.LLM(**self.llm_kwargs(cpu))
         self.starts += 1
@@ -324,5 +333,7 @@ class Engine:
                 future.set_exception(err)
             for future, completion in finished:
                 future.set_result(completion)
+            if finished:
+                self._heap.maybe_trim()
         for future, _ in in_flight.values():  # stopped with requests in it: they fail, never hang
             future.set_exception(RuntimeError("engine was shut down"))
