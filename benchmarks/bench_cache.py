@@ -43,7 +43,7 @@ from schemas import tables  # noqa: E402
 from transforms.write import write_rows  # noqa: E402
 
 # A hub-id-shaped name that does not exist. A missing *local* path ("/nonexistent/model") is refused by the
-# CLI's pre-flight (pipelines/cli.py check_options) before the pipeline starts, even when every document is
+# CLI's pre-flight (pipelines/option_checks.py) before the pipeline starts, even when every document is
 # cached; a name shaped like org/name passes pre-flight and would only fail if the engine ever started.
 MODEL = "nonexistent-org/nonexistent-model"
 SCHEMA = "invoice"

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from apache_beam.options.pipeline_options import GoogleCloudOptions
 
-from pipelines import cli, sql
+from pipelines import cli, option_checks, sql
 from pipelines.extract import extract_config
 from pipelines.options import PagemillOptions, merge_flags
 from schemas import tables
@@ -55,7 +55,7 @@ def test_nightly_job_parses() -> None:
     assert o.since_last_run is True
     assert (o.modified_since, o.modified_until, o.run_id) == (None, None, None)
     assert options.view_as(GoogleCloudOptions).job_name == "pagemill-nightly"
-    assert cli.check_options(o) == []
+    assert option_checks.check_options(o) == []
 
 
 def test_backfill_job_parses() -> None:
@@ -68,7 +68,7 @@ def test_backfill_job_parses() -> None:
     assert o.run_id == "backfill-2024"
     job_name = options.view_as(GoogleCloudOptions).job_name
     assert job_name == "pagemill-backfill-2024"
-    assert cli.check_options(o) == []
+    assert option_checks.check_options(o) == []
     # Without --since-last-run the window is the file's two times; no store is consulted.
     assert cli.listing_window(o, job_name, None) == (_epoch(2024, 1, 1), _epoch(2025, 1, 1))
 
@@ -86,7 +86,7 @@ def test_command_line_overrides_the_job_file() -> None:
 
 def test_a_bad_window_time_is_refused() -> None:
     o, _ = _options(["--modified-since", "yesterday", "--extract", "false"])
-    assert cli.check_options(o) == ["--modified-since 'yesterday' is not an ISO time"]
+    assert option_checks.check_options(o) == ["--modified-since 'yesterday' is not an ISO time"]
 
 
 # (b) in_window, pure.
