@@ -14,6 +14,7 @@ from transforms.engine import Engine, EngineSettings
 from transforms.extract import EngineFactory, ExtractConfig, ExtractPages  # vLLM is imported by workers only
 from transforms.hints import HintsDoFn, HintSettings, Ocr
 from transforms.intake import REJECTED, IntakeDoFn, IntakeLimits, ListObjects
+from transforms.intake_worker import TimedIntakeDoFn
 from transforms.ocr import OcrSettings
 from transforms.outcome import DocumentOutcomes
 from transforms.page_work import PageStages
@@ -29,6 +30,14 @@ if TYPE_CHECKING:
 
 def intake_limits(o: PagemillOptions) -> IntakeLimits:
     return IntakeLimits(max_bytes=o.max_bytes, max_pages=o.max_pages, max_image_pixels=o.max_image_pixels)
+
+
+def intake_dofn(o: PagemillOptions) -> IntakeDoFn:
+    """Intake; with --document-timeout-s, its page count (opening the document) runs in a child process
+    killed at that limit (transforms/intake_worker.py); with it 0, in this process."""
+    if o.document_timeout_s > 0:
+        return TimedIntakeDoFn(intake_limits(o), o.document_timeout_s, object_reader(o))
+    return IntakeDoFn(intake_limits(o), object_reader(o))
 
 
 def render_settings(o: PagemillOptions) -> RenderSettings:
@@ -179,7 +188,7 @@ def build_pipeline(p: beam.Pipeline, o: PagemillOptions, run: Mapping[str, Any],
         | "List" >> ListObjects(o.input, modified_since, modified_until)
         | "SkipDone" >> SkipDoneDocuments(list(done_files))
     )
-    intake = (listed | "Intake" >> beam.ParDo(IntakeDoFn(intake_limits(o), object_reader(o)))
+    intake = (listed | "Intake" >> beam.ParDo(intake_dofn(o))
               .with_outputs(REJECTED, main="accepted"))
     # Blocklisted documents stop here, before dedup (every copy is quarantined) and before rendering.
     gated = (
