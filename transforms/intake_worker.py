@@ -16,7 +16,7 @@ from functools import partial
 from apache_beam.metrics import Metrics
 
 from schemas.records import DocumentRecord, DocumentRow, ListedObject
-from transforms.child_process import TIMEOUT, ChildWorker
+from transforms.child_process import CRASHED, TIMEOUT, ChildWorker
 from transforms.inspection import (
     IntakeLimits,
     PageCounter,
@@ -40,7 +40,7 @@ def stopped_row(obj: ListedObject, fmt: str, sha: str, stopped: str, detail: str
         message = (f"intake stopped: opening this {fmt} to count its pages took over --document-timeout-s "
                    f"{timeout_s:g}")
     else:
-        message = f"intake: {detail} (opening this {fmt} to count its pages)"
+        message = f"{detail}, opening this {fmt} to count its pages"
     return replace(reject(obj, stopped, message, **known), outcome="failed")
 
 
@@ -76,5 +76,6 @@ class TimedIntakeDoFn(IntakeDoFn):
         replies, stopped, detail = self.worker.ask((obj, data, fmt, sha, limits), self.timeout_s)
         if stopped is None and len(replies) == 1:
             return replies[0]
-        return stopped_row(obj, fmt, sha, stopped or "worker_crashed", detail or "no answer from the intake process",
+        # A child that finished without exactly one answer broke the protocol: counted as a crash.
+        return stopped_row(obj, fmt, sha, stopped or CRASHED, detail or "the intake process gave no page count",
                            self.timeout_s)
