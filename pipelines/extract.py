@@ -13,7 +13,9 @@ from transforms.dedup import DUPLICATES, DedupDocuments
 from transforms.engine import Engine, EngineSettings
 from transforms.extract import EngineFactory, ExtractConfig, ExtractPages  # vLLM is imported by workers only
 from transforms.hints import HintsDoFn, HintSettings, Ocr
+from transforms.inspection import PageCounter, count_pages
 from transforms.intake import REJECTED, IntakeDoFn, IntakeLimits, ListObjects
+from transforms.intake_worker import TimedIntakeDoFn
 from transforms.ocr import OcrSettings
 from transforms.outcome import DocumentOutcomes
 from transforms.page_ranges import SplitPageRanges
@@ -30,6 +32,14 @@ if TYPE_CHECKING:
 
 def intake_limits(o: PagemillOptions) -> IntakeLimits:
     return IntakeLimits(max_bytes=o.max_bytes, max_pages=o.max_pages, max_image_pixels=o.max_image_pixels)
+
+
+def intake_dofn(o: PagemillOptions, count: PageCounter = count_pages) -> IntakeDoFn:
+    """Intake; with --document-timeout-s, its page count (opening the document) runs in a child process
+    killed at that limit (transforms/intake_worker.py); with it 0, in this process."""
+    if o.document_timeout_s > 0:
+        return TimedIntakeDoFn(intake_limits(o), o.document_timeout_s, object_reader(o), count)
+    return IntakeDoFn(intake_limits(o), object_reader(o))
 
 
 def render_settings(o: PagemillOptions) -> RenderSettings:
@@ -171,16 +181,18 @@ def hints_key(o: PagemillOptions) -> str:
 def build_pipeline(p: beam.Pipeline, o: PagemillOptions, run: Mapping[str, Any],
                    earlier_files: Sequence[str] = (), done_files: Sequence[str] = (),
                    modified_since: float | None = None, modified_until: float | None = None, *,
-                   engine_factory: EngineFactory = Engine, ocr: Ocr | None = None) -> None:
+                   engine_factory: EngineFactory = Engine, ocr: Ocr | None = None,
+                   intake_count: PageCounter = count_pages) -> None:
     """`earlier_files`: `pages` files under the output root (the result cache; empty with --force);
     `done_files`: this run id's `documents` files when resuming. `engine_factory` and `ocr` replace
-    the vLLM engine and Tesseract (tests put probes there)."""
+    the vLLM engine and Tesseract (tests put probes there); `intake_count` intake's page counter under the
+    time limit (tests put a hanging one there)."""
     listed = (
         p
         | "List" >> ListObjects(o.input, modified_since, modified_until)
         | "SkipDone" >> SkipDoneDocuments(list(done_files))
     )
-    intake = (listed | "Intake" >> beam.ParDo(IntakeDoFn(intake_limits(o), object_reader(o)))
+    intake = (listed | "Intake" >> beam.ParDo(intake_dofn(o, intake_count))
               .with_outputs(REJECTED, main="accepted"))
     # Blocklisted documents stop here, before dedup (every copy is quarantined) and before rendering.
     gated = (

@@ -51,7 +51,7 @@ REASON_CODES = {
     "blocked_nsfw": "the NSFW classifier scored the page at or over --nsfw-threshold",
     "safety_check_error": "a safety check raised on this page: quarantined, never sent (fail closed)",
     "timeout": "the document (or one page) ran past --document-timeout-s (--page-timeout-s); its work was stopped",
-    "worker_crashed": "the render worker process died on this document (a crash inside pdfium or Pillow)",
+    "worker_crashed": "the intake or render process died on this document (a crash inside pdfium or Pillow)",
 }
 
 # Page flags (the `pages.flags` column): facts about a page that do not stop it. Stable strings too;

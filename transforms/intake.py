@@ -2,34 +2,27 @@
 
 Outputs a `DocumentRecord` for every acceptable document, and a `DocumentRow` with outcome
 `rejected` and a reason code for every other listed object. Nothing raises across the pipeline.
+The inspection itself (hash, sniff, page count) is transforms/inspection.py; with --document-timeout-s,
+transforms/intake_worker.py counts the pages in a child process that the deadline can kill.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import apache_beam as beam
-import pypdfium2 as pdfium
 from apache_beam.io import fileio
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
-from PIL import Image, UnidentifiedImageError
 
 from schemas.records import DocumentRecord, DocumentRow, ListedObject
-from transforms.formats import (
-    IMAGE_FORMATS,
-    PdfPasswordError,
-    image_page_count,
-    open_image,
-    open_pdf,
-    seek_frame,
-    sniff_format,
-)
+from transforms.inspection import IntakeLimits as IntakeLimits  # the inspection's home: transforms/inspection.py
+from transforms.inspection import inspect_document as inspect_document
+from transforms.inspection import reject as reject
 from transforms.reading import STORAGE_ERROR, ObjectReader, ReadConfig, ReadFailed
 from transforms.reading import read_capped as read_capped  # its earlier home: estimate and pages import it here
 
@@ -37,18 +30,6 @@ log = logging.getLogger(__name__)
 REJECTED = "rejected"
 MISSING = -1  # ListedObject.size of a URI that was listed by name but does not exist
 OUTSIDE = -2  # ListedObject.size of a local path that a wildcard reached through a symlink leading out
-
-
-@dataclass(frozen=True)
-class IntakeLimits:
-    max_bytes: int
-    max_pages: int
-    max_image_pixels: int
-
-
-def reject(obj: ListedObject, reason_code: str, message: str, **known: object) -> DocumentRow:
-    return DocumentRow(source_uri=obj.uri, bytes=max(obj.size, 0), outcome="rejected", reason_code=reason_code,
-                       message=message[:500], **known)  # type: ignore[arg-type]
 
 
 def size_gate(obj: ListedObject, limits: IntakeLimits) -> DocumentRow | None:
@@ -71,56 +52,6 @@ def read_failed(obj: ListedObject, err: ReadFailed) -> DocumentRow:
     return replace(row, outcome="failed") if err.reason_code == STORAGE_ERROR else row
 
 
-def inspect_document(obj: ListedObject, data: bytes, limits: IntakeLimits) -> DocumentRecord | DocumentRow:
-    """Hash, sniff and validate bytes already read. Pure: no I/O, no Beam."""
-    if len(data) > limits.max_bytes:  # the listing under-reported the size
-        return reject(obj, "too_large", f"read more than {limits.max_bytes:,} bytes")
-    if not data:
-        return reject(obj, "empty", "the object has zero bytes")
-    sha = hashlib.sha256(data).hexdigest()
-    fmt = sniff_format(data[:1024])
-    known = {"doc_sha256": sha, "format": fmt}
-    if fmt is None:
-        return reject(obj, "unsupported_format", "magic bytes match no supported PDF or image format",
-                      doc_sha256=sha)
-    try:
-        pages = _count_pages(data, fmt, limits)
-    except PdfPasswordError:
-        return reject(obj, "encrypted", "the PDF is password protected", **known)
-    except Image.DecompressionBombError as err:
-        return reject(obj, "decompression_bomb", str(err), **known)
-    except UnidentifiedImageError:
-        # Pillow's own message names a BytesIO address, which would differ on every run.
-        if fmt in ("heic", "avif"):
-            return reject(obj, "unsupported_format", f"{fmt}: no decoder installed (pillow-heif)", **known)
-        return reject(obj, "unreadable", f"{fmt}: Pillow cannot decode this image", **known)
-    except (pdfium.PdfiumError, OSError, ValueError, SyntaxError, EOFError) as err:
-        return reject(obj, "unreadable", f"{fmt}: {type(err).__name__}: {err}", **known)
-    if pages < 1:
-        return reject(obj, "unreadable", f"{fmt} has no pages", **known)
-    if pages > limits.max_pages:
-        return reject(obj, "too_many_pages", f"{pages:,} pages is over the limit of {limits.max_pages:,}",
-                      page_count=pages, **known)
-    return DocumentRecord(uri=obj.uri, size=len(data), doc_sha256=sha, format=fmt, page_count=pages)
-
-
-def _count_pages(data: bytes, fmt: str, limits: IntakeLimits) -> int:
-    if fmt == "pdf":
-        with open_pdf(data) as doc:
-            return len(doc)
-    if fmt not in IMAGE_FORMATS:
-        raise ValueError(f"no reader for {fmt}")
-    with open_image(data, limits.max_image_pixels) as img:
-        count = image_page_count(img, fmt)
-        if count > limits.max_pages:
-            return count  # rejected as too_many_pages without walking the frames
-        for index in range(1, count):  # headers only: each frame has its own declared size
-            seek_frame(img, index, limits.max_image_pixels)
-        img.seek(0)
-        img.load()  # decodes frame 0 now, so a truncated image is rejected here, not mid-run
-        return count
-
-
 class IntakeDoFn(beam.DoFn):
     """ListedObject -> DocumentRecord, or DocumentRow (tag `rejected`)."""
 
@@ -137,13 +68,17 @@ class IntakeDoFn(beam.DoFn):
                 data = self.reader.read(obj.uri, self.limits.max_bytes)
             except ReadFailed as err:  # any storage error is this object's outcome
                 gated = read_failed(obj, err)
-        result = gated if gated is not None else inspect_document(obj, data, self.limits)
+        result = gated if gated is not None else self.inspect(obj, data)
         if isinstance(result, DocumentRow):
             self.rejected.inc()
             yield beam.pvalue.TaggedOutput(REJECTED, result)
         else:
             self.accepted.inc()
             yield result
+
+    def inspect(self, obj: ListedObject, data: bytes) -> DocumentRecord | DocumentRow:
+        """In this process; transforms/intake_worker.py counts the pages in a child under a time limit."""
+        return inspect_document(obj, data, self.limits)
 
 
 def expand_input(pattern: str) -> list[str]:

@@ -1,8 +1,11 @@
 """--document-timeout-s end to end: a folder with a slow PDF (one shared content stream of line operators that
 pdfium takes seconds a page to draw) and a normal PDF finishes on time, with `timeout` on the slow one and the
-normal one done, under the in-memory and the multi-process DirectRunner."""
+normal one done, under the in-memory and the multi-process DirectRunner. Intake is under the limit too: a page
+count that hangs ends its document `failed`/`timeout`, and the limit changes no row of a document that does not
+run into it."""
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -10,10 +13,16 @@ import sys
 import time
 from pathlib import Path
 
+import apache_beam as beam
 import pytest
 
+from pipelines import cli
+from pipelines.extract import build_pipeline
+from pipelines.options import PagemillOptions
 from tests import docmaker
+from tests.conftest import CORPUS
 from tests.pipelines.raw import one_row_per, raw_rows
+from tests.transforms.test_intake_worker import MARK, hangs_on_mark
 
 REPO = Path(__file__).resolve().parents[2]
 SLOW_PAGES = 40
@@ -71,3 +80,62 @@ def test_hung_safety_check_times_out_its_document_and_the_run_goes_on(tmp_path: 
     pages = one_row_per(raw_rows(out, "pages", "h"), "source_uri", "page_index")
     hung = sorted((i, p["status"], p["reason_code"]) for (uri, i), p in pages.items() if uri.endswith("hangs.pdf"))
     assert hung == [(0, "rendered", None), (1, "failed", "timeout"), (2, "failed", "timeout")]
+
+
+def test_hung_page_count_at_intake_times_out_its_document_and_the_run_goes_on(tmp_path: Path) -> None:
+    """Intake's page count runs under the limit: a document whose opening hangs (an injected counter, test
+    only) gets its one `documents` row, failed with `timeout`; the other document is rendered."""
+    inputs, out = tmp_path / "in", tmp_path / "out"
+    inputs.mkdir()
+    (inputs / "hangs.pdf").write_bytes(docmaker.multipage_pdf(2) + MARK)
+    (inputs / "normal.pdf").write_bytes(docmaker.multipage_pdf(2))
+    options = PagemillOptions(["--input", str(inputs), "--output", str(out), "--run-id", "i", "--extract", "false",
+                               "--hints", "none", "--nsfw-classifier", "none", "--document-timeout-s", "5",
+                               "--progress-every-s", "0"])
+    o = options.view_as(PagemillOptions)
+    o.run_id = "i"
+    with beam.Pipeline(options=options) as p:  # the hang guard is the test's own timeout: the child sleeps an hour
+        build_pipeline(p, o, {"run_id": "i", "tenant": o.tenant, "created_at": dt.datetime.now(dt.UTC)},
+                       intake_count=hangs_on_mark)
+    docs = {Path(u).name: d for u, d in one_row_per(raw_rows(out, "documents", "i"), "source_uri").items()}
+    assert (docs["normal.pdf"]["outcome"], docs["normal.pdf"]["reason_code"]) == ("rendered", None)
+    hung = docs["hangs.pdf"]
+    assert (hung["outcome"], hung["reason_code"], hung["format"]) == ("failed", "timeout", "pdf"), hung
+    assert "--document-timeout-s 5" in hung["message"]
+    pages = one_row_per(raw_rows(out, "pages", "i"), "source_uri", "page_index")
+    assert sorted(Path(u).name for u, _ in pages) == ["normal.pdf", "normal.pdf"]  # none for a document never opened
+
+
+def _some_corpus_files() -> list[Path]:
+    """A few of each kind: the first (by path) small files of each suffix, hostile and ordinary."""
+    chosen: list[Path] = []
+    for folder, per_suffix in ((CORPUS / "hostile", 2), (CORPUS / "extraction_gt", 2)):
+        seen: dict[str, int] = {}
+        for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.stat().st_size < 300_000):
+            suffix = path.suffix.lower()
+            if suffix in {".pdf", ".png", ".jpg", ".jpeg", ".tif", ".tiff", ".gif", ".webp", ".bmp", ".md"} \
+                    and seen.get(suffix, 0) < per_suffix:
+                seen[suffix] = seen.get(suffix, 0) + 1
+                chosen.append(path)
+    return chosen
+
+
+@pytest.mark.skipif(not (CORPUS / "hostile").is_dir(), reason=f"{CORPUS} is absent")
+def test_limits_change_no_documents_row(tmp_path: Path) -> None:
+    """The same corpus files, with the time limits on (intake and rendering in child processes) and off
+    (both in the Beam worker): the same `documents` rows, messages included."""
+    files = _some_corpus_files()
+    listing = tmp_path / "list.txt"
+    listing.write_text("".join(f"{p}\n" for p in files))
+    rows = {}
+    for name, limits in (("on", ["--document-timeout-s", "300"]),
+                         ("off", ["--document-timeout-s", "0", "--page-timeout-s", "0"])):
+        out = tmp_path / name
+        code = cli.main(["run", "--input", f"@{listing}", "--output", str(out), "--run-id", name, "--extract", "false",
+                         "--nsfw-classifier", "none", "--progress-every-s", "0", *limits])
+        assert code in (0, 1), name
+        rows[name] = {u: {k: v for k, v in r.items() if k not in ("run_id", "created_at")}
+                      for u, r in one_row_per(raw_rows(out, "documents", name), "source_uri").items()}
+    assert len(rows["on"]) == len(files)
+    assert rows["on"] == rows["off"]
+    assert {r["outcome"] for r in rows["on"].values()} >= {"rendered", "rejected"}  # both paths were exercised
