@@ -135,12 +135,17 @@ def pdq_hash(img: Image.Image) -> tuple[str, int]:
     """(64-hex PDQ hash, quality 0-100) of an image, computed on a copy at most PDQ_SIDE px."""
     import pdqhash
 
-    small = img if img.mode == "RGB" else img.convert("RGB")
+    # PDQ hashes luminance: a grey image is resized as one channel (a third of the work) and given to
+    # pdqhash as three equal channels, which is what converting it to RGB first would give.
+    small = img if img.mode in ("RGB", "L") else img.convert("RGB")
     size = thumbnail_size(small.size, PDQ_SIDE)
     if size != small.size:
         # What Image.thumbnail does (its default reducing_gap too), without the in-place copy it needs.
         small = small.resize(size, Image.Resampling.BILINEAR, reducing_gap=2.0)
-    bits, quality = pdqhash.compute(np.ascontiguousarray(np.asarray(small)))
+    pixels = np.asarray(small)
+    if pixels.ndim == 2:
+        pixels = np.repeat(pixels[..., None], 3, axis=2)
+    bits, quality = pdqhash.compute(np.ascontiguousarray(pixels))
     value = int("".join(str(int(b)) for b in bits), 2)
     return f"{value:064x}", int(quality)
 

@@ -159,6 +159,14 @@ def renditions(image: Image.Image, low_side: int) -> list[tuple[str, str | None]
     return out
 
 
+def decode_luma(data: bytes) -> Image.Image:
+    """The page's luminance: a JPEG's own Y channel, decoded without its colour (Pillow's draft mode)."""
+    image = Image.open(io.BytesIO(data))
+    image.draft("L", image.size)
+    image.load()
+    return image if image.mode == "L" else image.convert("L")
+
+
 def decode_rgb(data: bytes) -> Image.Image:
     """The page's pixels as RGB, copied only if the JPEG is not RGB already (a page's always is)."""
     image = Image.open(io.BytesIO(data))
@@ -168,23 +176,23 @@ def decode_rgb(data: bytes) -> Image.Image:
 
 def screen_page(page: PageImage, checks: Checks, low_side: int) -> tuple[PageImage, Verdict | None]:
     """The page with its PDQ hash, and the first verdict against it (None: it may go on). Pure apart
-    from what the checks themselves do; a check that raises gives a `safety_check_error` verdict."""
+    from what the checks themselves do; a check that raises gives a `safety_check_error` verdict.
+    PDQ hashes luminance, so the blocklist sees the JPEG's own luma channel (no colour decode); the
+    colour pixels are decoded only when a check that runs on this page needs them."""
     name = "decode"
     try:
-        image = decode_rgb(page.image)
+        picture = holds_picture(page)
+        runs = [c for c in checks.others if picture or not getattr(c, "pictures_only", False)]
+        skipped = [SKIPPED_NOTE.format(name=c.name) for c in checks.others if c not in runs]
         name = "blocklist"
-        hashes = renditions(image, low_side)
+        hashes = renditions(decode_luma(page.image), low_side)
         page = replace(page, pdq_hash=hashes[0][1])
         verdict = checks.blocklist.check_hashes(page.page_hash, hashes)
-        picture = holds_picture(page)
-        skipped: list[str] = []
-        for check in checks.others:
+        image = decode_rgb(page.image) if runs and verdict is None else None
+        for check in runs:
             if verdict is not None:
                 break
             name = check.name
-            if not picture and getattr(check, "pictures_only", False):
-                skipped.append(SKIPPED_NOTE.format(name=check.name))
-                continue
             verdict = check.check(page, image)
         if skipped:
             page = replace(page, flag_detail=page.flag_detail + tuple(skipped))
