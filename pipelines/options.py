@@ -78,12 +78,12 @@ class PagemillOptions(PipelineOptions):
         _flag(parser, "model_revision", default=None, help="model revision (hub) or a label for local models")
         _flag(parser, "model_family", default="qwen2_vl",
               help="token-estimator family of --model (a local folder's config.json names its own)")
-        _flag(parser, "max_model_len", type=int, default=8192)
+        _flag(parser, "max_model_len", type=int, default=8192, help="engine context length, tokens")
         _flag(parser, "max_tokens", type=int, default=1024, help="output token cap per page")
         _flag(parser, "max_attempts", type=int, default=2, help="attempts per page before it is failed")
-        _flag(parser, "gpu_memory_utilization", type=float, default=0.90)
-        _flag(parser, "tensor_parallel_size", type=int, default=1)
-        _flag(parser, "max_num_seqs", type=int, default=256)
+        _flag(parser, "gpu_memory_utilization", type=float, default=0.90, help="passed to vllm.LLM")
+        _flag(parser, "tensor_parallel_size", type=int, default=1, help="passed to vllm.LLM")
+        _flag(parser, "max_num_seqs", type=int, default=256, help="passed to vllm.LLM")
         _flag(parser, "limit_mm_per_prompt", type=int, default=1, help="images per prompt")
         _flag(parser, "max_in_flight", type=int, default=0,
               help="pages in flight per engine (0: twice the engine's max_num_seqs)")
@@ -133,7 +133,7 @@ class PagemillOptions(PipelineOptions):
         _flag(parser, "injection_policy", default="drop", choices=("drop", "neutralise"),
               help="a hint that reads like instructions: left out of the prompt, or its matches removed")
         # Cost.
-        _flag(parser, "gpu_hourly_usd", type=float, default=2.50)
+        _flag(parser, "gpu_hourly_usd", type=float, default=2.50, help="your GPU's hourly cost, for the ledger")
         _flag(parser, "api_price", default="gpt-4o", help="hosted API whose list price the ledger compares")
         _flag(parser, "progress_every_s", type=float, default=5.0, help="seconds between progress lines")
         # Writing as the run goes: what a kill can lose, per writer, against how many files a run makes.

@@ -21,7 +21,7 @@ def model_routes_sql(column: str = "route") -> str:
     return f"({column} IN ('model', 'served') OR starts_with({column}, '{API_ROUTE_PREFIX}'))"
 
 
-# The failure vocabulary. Stable strings: analysts filter on them in SQL; the README documents each.
+# The failure vocabulary. Stable strings: analysts filter on them in SQL; docs/tables.md documents each.
 REASON_CODES = {
     "too_large": "object is larger than --max-bytes (decided from the listing, bytes never read)",
     "empty": "object has zero bytes",

@@ -76,10 +76,10 @@ def test_demo_job_through_portable_runner_and_external_worker_pool(tmp_path: Pat
 
 
 def _recipes() -> list[list[str]]:
-    """The `pagemill run` command lines of the README's Runners section, as argument lists."""
+    """The `pagemill run` command lines of the Runners section of docs/runners.md, as argument lists."""
     import shlex
 
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "runners.md").read_text()
     section = text[text.index("## Runners\n"):]
     section = section[: section.index("\n## ", 5)].replace("\\\n", " ")
     found = []

@@ -1,0 +1,104 @@
+"""The front door stays short and every page it leads to exists; the options reference matches the code."""
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _gen_module():
+    spec = importlib.util.spec_from_file_location("gen_options_doc", REPO / "scripts" / "gen_options_doc.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_options_doc_is_generated_from_the_code() -> None:
+    expected = _gen_module().render()
+    current = (REPO / "docs" / "options.md").read_text()
+    assert current == expected, "docs/options.md is out of date: run `python scripts/gen_options_doc.py`"
+
+
+def test_every_run_option_is_in_the_options_doc() -> None:
+    """Independent of the generator: every flag `pagemill run` accepts has a row with its default."""
+    from pipelines.options import PagemillOptions
+
+    doc = (REPO / "docs" / "options.md").read_text()
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `--([\w-]+)` \|.*$", doc, re.M)}
+    import argparse
+
+    parser = argparse.ArgumentParser(add_help=False)
+    PagemillOptions._add_argparse_args(parser)
+    names = {a.dest for a in parser._actions if a.option_strings and a.help != argparse.SUPPRESS}
+    assert names, "no options found"
+    assert {n.replace("_", "-") for n in names} == set(rows)
+    defaults = parser.parse_args([])
+    for name in names:
+        value = getattr(defaults, name)
+        if value is not None and not isinstance(value, bool):
+            assert f"`{value}`" in rows[name.replace("_", "-")], name
+
+
+def test_the_generator_check_fails_on_a_stale_file(tmp_path: Path, monkeypatch) -> None:
+    module = _gen_module()
+    stale = tmp_path / "options.md"
+    stale.write_text(module.render().replace("`5000`", "`5001`"))
+    monkeypatch.setattr(module, "TARGET", stale)
+    monkeypatch.setattr(module, "REPO", tmp_path)
+    assert module.main(["--check"]) == 1
+    assert module.main([]) == 0 and module.main(["--check"]) == 0
+
+
+def test_readme_is_short_and_starts_with_the_two_commands() -> None:
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines: move reference text to docs/"
+    head = "\n".join(lines[:15])
+    assert "\nmake demo " in head and "\nmake test " in head
+
+
+def _tracked_markdown() -> list[Path]:
+    out = subprocess.run(["git", "ls-files", "-z", "--", "README.md", "docs"], cwd=REPO, capture_output=True,
+                         check=True).stdout
+    names = [n for n in out.decode().split("\0") if n.endswith(".md")]
+    return [REPO / n for n in names] or [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def _anchors(text: str) -> set[str]:
+    found, in_code = set(), False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            found.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return found
+
+
+def test_relative_links_point_at_existing_files_and_headings() -> None:
+    pages = {p for p in [REPO / "README.md", *(REPO / "docs").glob("*.md")]}
+    assert len(pages) > 5
+    broken = []
+    for page in sorted(pages):
+        text = page.read_text()
+        for target in LINK.findall(text):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists():
+                broken.append(f"{page.relative_to(REPO)}: {target} (no such file)")
+            elif anchor and file.suffix == ".md" and anchor not in _anchors(file.read_text()):
+                broken.append(f"{page.relative_to(REPO)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_link_check_finds_a_broken_link(tmp_path: Path) -> None:
+    page = tmp_path / "a.md"
+    page.write_text("# A\n[b](b.md) [self](#a) [gone](#nope)\n")
+    targets = LINK.findall(page.read_text())
+    assert targets == ["b.md", "#a", "#nope"]
+    assert "a" in _anchors(page.read_text()) and "nope" not in _anchors(page.read_text())
