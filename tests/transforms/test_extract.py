@@ -8,6 +8,7 @@ from concurrent.futures import Future
 from dataclasses import replace
 
 import jsonschema
+import pypdfium2 as pdfium
 import pytest
 from PIL import Image
 
@@ -34,7 +35,8 @@ def config(**changes: object) -> ExtractConfig:
 
 def pages_of(data: bytes, uri: str) -> list[PageImage]:
     sha = hashlib.sha256(data).hexdigest()
-    doc = DocumentRecord(uri=uri, size=len(data), doc_sha256=sha, format="pdf", page_count=1)
+    doc = DocumentRecord(uri=uri, size=len(data), doc_sha256=sha, format="pdf",
+                         page_count=len(pdfium.PdfDocument(data)))
     return [p for p in render_document(doc, data, SETTINGS) if isinstance(p, PageImage)]
 
 
