@@ -265,6 +265,21 @@ def _prefer_closing_json(model: Any, tok: Any) -> None:
                 head[token_id, 0] = max(CLOSERS[c] for c in text)
 
 
+
+def save_seeded_model(out: Path, model_cls: Any, config: Any, tok: Any, seed: int) -> None:
+    """`model_cls(config)` in bf16 with weights drawn from `seed`, nudged to close its JSON, its
+    generation ids taken from the text config, saved to `out` (every family's test model)."""
+    import torch
+
+    config.dtype = torch.bfloat16
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_cls(config).to(torch.bfloat16).eval()
+        _prefer_closing_json(model, tok)
+    text, gen = config.text_config, model.generation_config
+    gen.eos_token_id, gen.pad_token_id, gen.bos_token_id = text.eos_token_id, text.pad_token_id, text.bos_token_id
+    model.save_pretrained(out, safe_serialization=True)
+
 def make_test_model(out_dir: Path, seed: int = 0, family: str = "qwen2_vl") -> Path:
     """Write a tiny random-weight model of `family` (~2 MB, bf16) into `out_dir` and return it.
 
@@ -277,7 +292,6 @@ def make_test_model(out_dir: Path, seed: int = 0, family: str = "qwen2_vl") -> P
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-    import torch
     from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
 
     if family not in FAMILIES:
@@ -299,17 +313,7 @@ def make_test_model(out_dir: Path, seed: int = 0, family: str = "qwen2_vl") -> P
     tok = _build_tokenizer(out, seed)
     vocab_size = ((len(tok) + 63) // 64) * 64  # pad embedding rows to a multiple of 64
     config = _build_config(tok.get_vocab(), vocab_size, family)
-    config.dtype = torch.bfloat16
     model_cls = Qwen2_5_VLForConditionalGeneration if family == "qwen2_5_vl" else Qwen2VLForConditionalGeneration
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = model_cls(config).to(torch.bfloat16).eval()
-        _prefer_closing_json(model, tok)
-    gen = model.generation_config
-    gen.eos_token_id = config.text_config.eos_token_id
-    gen.pad_token_id = config.text_config.pad_token_id
-    gen.bos_token_id = config.text_config.bos_token_id
-    model.save_pretrained(out, safe_serialization=True)
+    save_seeded_model(out, model_cls, config, tok, seed)
     _write_processor_config(out, family)
     return out

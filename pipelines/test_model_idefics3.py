@@ -16,11 +16,10 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<fa
 
 
 def make_idefics3(out: Path, seed: int) -> Path:
-    import torch
     from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
-    from pipelines.test_model import MAX_POSITION_EMBEDDINGS, _build_tokenizer, _prefer_closing_json
+    from pipelines.test_model import MAX_POSITION_EMBEDDINGS, _build_tokenizer, save_seeded_model
     from pipelines.test_model_llava import _chat_template
 
     tok = _build_tokenizer(out, seed, SPECIAL_TOKENS, _chat_template())
@@ -34,15 +33,7 @@ def make_idefics3(out: Path, seed: int) -> Path:
               "image_size": 364, "patch_size": 14}
     config = Idefics3Config(vision_config=vision, text_config=text, image_token_id=vocab["<image>"], scale_factor=2,
                             tie_word_embeddings=False)
-    config.dtype = torch.bfloat16
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Idefics3ForConditionalGeneration(config).to(torch.bfloat16).eval()
-        _prefer_closing_json(model, tok)
-    gen = model.generation_config
-    gen.eos_token_id, gen.pad_token_id, gen.bos_token_id = text["eos_token_id"], text["pad_token_id"], \
-        text["bos_token_id"]
-    model.save_pretrained(out, safe_serialization=True)
+    save_seeded_model(out, Idefics3ForConditionalGeneration, config, tok, seed)
     Idefics3Processor(image_processor=Idefics3ImageProcessorPil(), tokenizer=tok, image_seq_len=169,
                       chat_template=_chat_template()).save_pretrained(out)
     return out

@@ -24,7 +24,6 @@ def _chat_template() -> str:
 
 
 def make_internvl(out: Path, seed: int) -> Path:
-    import torch
     from transformers import (
         InternVLConfig,
         InternVLForConditionalGeneration,
@@ -34,7 +33,7 @@ def make_internvl(out: Path, seed: int) -> Path:
     )
     from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
 
-    from pipelines.test_model import MAX_POSITION_EMBEDDINGS, _build_tokenizer, _prefer_closing_json
+    from pipelines.test_model import MAX_POSITION_EMBEDDINGS, _build_tokenizer, save_seeded_model
 
     _build_tokenizer(out, seed, SPECIAL_TOKENS, _chat_template())
     tok = PreTrainedTokenizerFast.from_pretrained(out, extra_special_tokens=EXTRA_TOKENS)
@@ -48,15 +47,7 @@ def make_internvl(out: Path, seed: int) -> Path:
               "image_size": [TILE, TILE], "patch_size": [14, 14]}
     config = InternVLConfig(vision_config=vision, text_config=text, image_token_id=vocab["<IMG_CONTEXT>"],
                             downsample_ratio=0.5, image_seq_length=256, tie_word_embeddings=False)
-    config.dtype = torch.bfloat16
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = InternVLForConditionalGeneration(config).to(torch.bfloat16).eval()
-        _prefer_closing_json(model, tok)
-    gen = model.generation_config
-    gen.eos_token_id, gen.pad_token_id, gen.bos_token_id = text["eos_token_id"], text["pad_token_id"], \
-        text["bos_token_id"]
-    model.save_pretrained(out, safe_serialization=True)
+    save_seeded_model(out, InternVLForConditionalGeneration, config, tok, seed)
     image = GotOcr2ImageProcessorPil(size={"height": TILE, "width": TILE}, crop_to_patches=True, min_patches=1,
                                      max_patches=12)
     InternVLProcessor(image_processor=image, tokenizer=tok, video_processor=InternVLVideoProcessor(),

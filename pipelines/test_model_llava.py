@@ -66,10 +66,9 @@ def _processor(out: Path, tok: Any) -> None:
 
 
 def make_llava_next(out: Path, seed: int) -> Path:
-    import torch
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaNextConfig, LlavaNextForConditionalGeneration
 
-    from pipelines.test_model import MAX_POSITION_EMBEDDINGS, _build_tokenizer, _prefer_closing_json
+    from pipelines.test_model import MAX_POSITION_EMBEDDINGS, _build_tokenizer, save_seeded_model
 
     tok = _build_tokenizer(out, seed, SPECIAL_TOKENS, _chat_template())
     vocab = tok.get_vocab()
@@ -85,14 +84,7 @@ def make_llava_next(out: Path, seed: int) -> Path:
                              image_grid_pinpoints=GRID_PINPOINTS, image_seq_length=(TILE // PATCH) ** 2,
                              projector_hidden_act="gelu", vision_feature_select_strategy="default",
                              vision_feature_layer=-2, tie_word_embeddings=False)
-    config.dtype = torch.bfloat16
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlavaNextForConditionalGeneration(config).to(torch.bfloat16).eval()
-        _prefer_closing_json(model, tok)
-    gen = model.generation_config
-    gen.eos_token_id, gen.pad_token_id, gen.bos_token_id = text.eos_token_id, text.pad_token_id, text.bos_token_id
-    model.save_pretrained(out, safe_serialization=True)
+    save_seeded_model(out, LlavaNextForConditionalGeneration, config, tok, seed)
     _canonical_weights(out)
     _processor(out, tok)
     return out
