@@ -88,6 +88,7 @@ def one_run(pages: int, model: str, root: Path, workers: int | None) -> tuple[fl
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err,
                                 env={**os.environ, "PYTHONPATH": str(REPO)})
         largest = total = 0
+        code: int | None = None  # the run's exit status, taken where it is reaped
         me = os.getpid()
         while True:
             pids = [p for p in descendants(me) if p != me]
@@ -96,7 +97,7 @@ def one_run(pages: int, model: str, root: Path, workers: int | None) -> tuple[fl
             sizes = [memory_kib(p) for p in pids]
             total = max(total, sum(r for r, _ in sizes))
             largest = max([largest] + [h for _, h in sizes])
-            if proc.poll() is not None:  # the run is over; what it left (an idle engine service) is stopped
+            if code is not None:  # the run is over; what it left (an idle engine service) is stopped
                 for p in pids:
                     if p != proc.pid:
                         try:
@@ -104,13 +105,17 @@ def one_run(pages: int, model: str, root: Path, workers: int | None) -> tuple[fl
                         except OSError:
                             pass
             try:
-                while os.waitpid(-1, os.WNOHANG)[0]:
-                    pass
+                while True:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                    if not pid:
+                        break
+                    if pid == proc.pid:
+                        code = os.waitstatus_to_exitcode(status)
             except ChildProcessError:
                 pass
             time.sleep(0.2)
         wall = time.perf_counter() - t0
-        if proc.returncode != 0:
+        if code != 0:
             err.seek(0)
             raise SystemExit(f"run of {pages} pages failed:\n{err.read().decode(errors='replace')[-2000:]}")
     return largest / 1024, total / 1024, wall

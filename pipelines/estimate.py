@@ -184,7 +184,7 @@ def _fit(size: tuple[int, int], room: int, family: Any) -> tuple[int, int] | Non
 
 
 def plan_pages(docs: Sequence[Scanned], o: PagemillOptions, prompt: PromptTokens,
-               policy: HintPolicy, decisions: Decisions | None = None) -> list[PagePlan]:
+               policy: HintPolicy, rule: Any, decisions: Decisions | None = None) -> list[PagePlan]:
     """Each page's tokens: the hint and detail the hints stage chose for it when it was rendered
     (`decisions`), else those of `policy` (detail: the measured low-detail share of its stratum when
     there is one), then `prepare`'s budget rule (an image too large for the context left after the prompt
@@ -194,7 +194,7 @@ def plan_pages(docs: Sequence[Scanned], o: PagemillOptions, prompt: PromptTokens
     chosen = [rendered.get((uri, p.page_index)) for uri, _, p in pages]
     hints = [c.hint if c else policy.hint(p.text, o.max_hint_chars) for c, (_, _, p) in zip(chosen, pages, strict=True)]
     side = policy.low_detail_side
-    family = rule_for(o.model_family, o.model)  # the model folder's processor settings when it is local
+    family = rule  # token_math.rule_for: the model folder's processor settings when it is local
     plans = []
     for (uri, fmt, p), hint, text_tokens, choice in zip(pages, hints, prompt.count_many(hints), chosen, strict=True):
         if p.reason_code:
@@ -309,7 +309,7 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
     t_prompt = time.perf_counter()
     decisions = render_decisions(todo, o, policy.detail, policy.hints, sample_pages, sample_seed)
     t_render = time.perf_counter()
-    plans = plan_pages(todo, o, prompt, policy, decisions)
+    plans = plan_pages(todo, o, prompt, policy, rule, decisions)
     t_plan = time.perf_counter()
     to_model = [p for p in plans if p.status == "model"]
     tokens = {"image": sum(p.image_tokens for p in to_model), "text": sum(p.text_tokens for p in to_model),

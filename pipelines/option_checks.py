@@ -70,8 +70,9 @@ def endpoint_option_problems(o: Any) -> list[str]:
         return [f"--endpoint {o.endpoint}: not an http(s) URL"]
     if o.concurrency < 1 or o.request_timeout_s <= 0:
         return ["--concurrency must be at least 1 and --request-timeout-s over 0"]
-    if o.endpoint_kind == "hosted" and o.api_price not in load_price_names():
-        return [f"--api-price {o.api_price}: not in schemas/prices.json ({', '.join(load_price_names())})"]
+    names = load_price_names()
+    if o.endpoint_kind == "hosted" and o.api_price not in names:
+        return [f"--api-price {o.api_price}: not in schemas/prices.json ({', '.join(names)})"]
     from pipelines.preflight import check_endpoint
 
     problem = check_endpoint(o.endpoint, o.model, o.api_key_env)

@@ -30,7 +30,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines import queries, sql
 from pipelines.storage import StorageConfig, add_storage_args, configure, storage_from
-from schemas.records import API_ROUTE_PREFIX, model_routes_sql
+from schemas.records import is_model_route, model_routes_sql
 
 HISTOGRAM_BINS = 12
 
@@ -192,8 +192,7 @@ def accuracy_section(output: str, tenant: str, run_id: str, routes: Sequence[dic
         r = json.loads(handle.read())
     cost = {x["route"]: x for x in routes}
     # Pages the model answered went by this run's model route: in-process, served or a hosted API.
-    model = next((x["route"] for x in routes if x["route"] in ("model", "served")
-                  or str(x["route"]).startswith(API_ROUTE_PREFIX)), "model")
+    model = next((x["route"] for x in routes if is_model_route(str(x["route"]))), "model")
     by_route: dict[str, list[int]] = {}
     for status, t in r.get("by_status", {}).items():
         route = ROUTE_OF_STATUS.get(status, str(status))

@@ -11,9 +11,14 @@ OUTCOMES = ("extracted", "partial", "failed", "duplicate", "cached", "rejected",
 PAGE_STATUSES = ("ok", "invalid", "failed", "quarantined", "cached", "duplicate", "rendered")
 # Ledger routes: why a page cost what it cost. A page sent to a model has `model` (the in-process
 # engine), `served` (a self-hosted OpenAI-compatible server) or `api:<provider>` (a hosted API priced at
-# schemas/prices.json's list price); MODEL_ROUTES_SQL picks all three in a query.
+# schemas/prices.json's list price); is_model_route / model_routes_sql pick all three.
 ROUTES = ("model", "served", "cache", "duplicate", "quarantined", "failed", "none")
 API_ROUTE_PREFIX = "api:"
+
+
+def is_model_route(route: str) -> bool:
+    """The rule of model_routes_sql, in Python."""
+    return route in ("model", "served") or route.startswith(API_ROUTE_PREFIX)
 
 
 def model_routes_sql(column: str = "route") -> str:

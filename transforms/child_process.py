@@ -88,7 +88,13 @@ class ChildWorker:
         self.requests: Connection | None = None
         self.replies: Connection | None = None
         self.started = 0  # child processes started (a restart after a kill counts)
+        self.reported = 0  # of those, already counted in a metric (new_starts)
         self.booted = False
+
+    def new_starts(self) -> int:
+        """Children started since the last call: a metric's increment (restarts after a kill show here)."""
+        count, self.reported = self.started - self.reported, self.started
+        return count
 
     def spawn(self) -> None:
         """Start a child if none is alive, without waiting for it (it boots while the caller works on)."""

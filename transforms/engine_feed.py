@@ -41,13 +41,18 @@ log = logging.getLogger(__name__)
 MAX_KEYS = 100_000  # done keys remembered per process for dedup (a few KB each); in-flight keys always
 
 
+def decoding(attempt: int) -> tuple[float, float]:
+    """(temperature, top_p) of one try, for every engine. Greedy first: a retry of a greedy decode would
+    repeat itself, so later attempts sample (unseeded: seeded sampling with chunked prefill crashes vLLM
+    0.32's CPU engine)."""
+    return (0.0, 1.0) if attempt == 1 else (0.7, 0.95)
+
+
 def sampling_params(schema: Any, max_tokens: int, attempt: int, markdown: MarkdownFormat | None = None) -> Any:
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    # Greedy first. A retry of a greedy decode would repeat itself, so later attempts sample
-    # (unseeded: seeded sampling with chunked prefill crashes vLLM 0.32's CPU engine).
-    temperature, top_p = (0.0, 1.0) if attempt == 1 else (0.7, 0.95)
+    temperature, top_p = decoding(attempt)
     if markdown is None:
         constraint = StructuredOutputsParams(json=dict(schema.schema))
     else:  # markdown: the front matter constrained (when the format has one), the text capped by max_tokens
@@ -75,8 +80,9 @@ def prepare(task: PageTask, tokenizer: Any, cfg: ExtractConfig, controls: Sequen
     """Decode the page, build the prompt with the model's own chat template (the hint stripped of the
     tokenizer's control tokens: `controls`, computed once per engine, or from the tokenizer) and check it
     against max_model_len, shrinking the page image when that is enough to make it fit."""
+    controls = control_tokens(tokenizer) if controls is None else controls
     if cfg.markdown is not None:
-        messages = cfg.markdown.messages(task.hint, control_tokens(tokenizer) if controls is None else controls)
+        messages = cfg.markdown.messages(task.hint, controls)
     else:
         messages = chat_messages(cfg.schema.schema, task.hint, tokenizer, controls)
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

@@ -133,7 +133,9 @@ def build_request(task: PageTask, cfg: ExtractConfig) -> Request:
 
 def sampling_body(schema: ExtractionSchema, max_tokens: int, attempt: int) -> dict[str, Any]:
     """Decoding fields of one try, as engine_feed.sampling_params: greedy first, then sampled. Pure."""
-    temperature, top_p = (0.0, 1.0) if attempt == 1 else (0.7, 0.95)
+    from transforms.engine_feed import decoding
+
+    temperature, top_p = decoding(attempt)
     return {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
             "response_format": {"type": "json_schema",
                                 "json_schema": {"name": re.sub(r"[^A-Za-z0-9_-]", "_", schema.schema_id)[:64],

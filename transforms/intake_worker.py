@@ -55,18 +55,15 @@ class TimedIntakeDoFn(IntakeDoFn):
         self.count = count
 
     def setup(self) -> None:
-        work = counted_in_child if self.count is count_pages else partial(counted_in_child, count=self.count)
-        self.worker = IntakeWorker(work)
+        self.worker = IntakeWorker(partial(counted_in_child, count=self.count))
         self.worker.spawn()  # boots while the first objects are listed and read
         self.workers_started = Metrics.counter("pagemill", "intake_workers_started")
-        self.workers_counted = 0
 
     def teardown(self) -> None:
         self.worker.stop()
 
     def finish_bundle(self) -> None:
-        self.workers_started.inc(self.worker.started - self.workers_counted)  # restarts after a kill show here
-        self.workers_counted = self.worker.started
+        self.workers_started.inc(self.worker.new_starts())
 
     def inspect(self, obj: ListedObject, data: bytes) -> DocumentRecord | DocumentRow:
         return inspect_document(obj, data, self.limits, self.count_in_child)

@@ -74,7 +74,6 @@ class RenderWorker(ChildWorker):
     def __init__(self, limits: RenderLimits, render: RenderFn = render_document) -> None:
         super().__init__(render)
         self.limits = limits
-        self.render = render
 
     def pages(self, doc: DocumentRecord, data: bytes, settings: RenderSettings,
               started: float | None = None) -> Iterator[PageImage | PageRow]:
@@ -159,14 +158,12 @@ class TimedRenderPagesDoFn(RenderPagesDoFn):
         self.worker = RenderWorker(self.limits, work)
         self.worker.spawn()  # boots while the first documents are listed and read
         self.workers_started = Metrics.counter("pagemill", "render_workers_started")
-        self.counted = 0
 
     def teardown(self) -> None:
         self.worker.stop()
 
     def finish_bundle(self) -> None:
-        self.workers_started.inc(self.worker.started - self.counted)  # restarts after a kill show here
-        self.counted = self.worker.started
+        self.workers_started.inc(self.worker.new_starts())
 
     def render(self, doc: DocumentRecord, data: bytes, started: float) -> Iterator[PageImage | PageRow]:
         return self.worker.pages(doc, data, self.settings, started)

@@ -194,7 +194,7 @@ def screen_page(page: PageImage, checks: Checks, low_side: int) -> tuple[PageIma
                 break
             name = check.name
             verdict = check.check(page, image)
-        if skipped:
+        if skipped and verdict is None:
             page = replace(page, flag_detail=page.flag_detail + tuple(skipped))
     except Exception as err:  # noqa: BLE001 - fail closed: a page that could not be checked is not sent
         verdict = Verdict("safety_check_error", f"{name}: {type(err).__name__}: {err}"[:500],
