@@ -18,7 +18,7 @@ from apache_beam.io.filesystems import FileSystems
 from pipelines import sql
 from pipelines.storage import StorageConfig
 from schemas.records import DocumentRecord, ListedObject, model_routes_sql
-from transforms.cache import REUSABLE
+from schemas.statuses import SUCCESS, sql_list
 from transforms.intake import MISSING, IntakeLimits, expand_input, inspect_document, read_capped, size_gate
 from transforms.page_sizes import PageSize, image_page_sizes, pdf_page_sizes
 
@@ -142,7 +142,7 @@ def cached_documents(output: str, storage: StorageConfig, docs: dict[str, int], 
         rows = con.execute(
             "SELECT w.doc_sha256 FROM wanted w JOIN pages p USING (doc_sha256) "
             "WHERE p.tenant = ? AND p.model = ? AND p.model_revision IS NOT DISTINCT FROM ? AND p.schema_hash = ? "
-            f"AND p.status IN {REUSABLE} AND p.page_index < w.page_count "
+            f"AND p.status IN {sql_list(SUCCESS)} AND p.page_index < w.page_count "
             "GROUP BY w.doc_sha256, w.page_count HAVING count(DISTINCT p.page_index) = w.page_count",
             [key.tenant, key.model, key.model_revision, key.schema_hash]).fetchall()
     finally:

@@ -14,10 +14,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from schemas.reasons import SYSTEM_REASONS
+from schemas.statuses import MODEL_ANSWERED
 
 OK, FAILED, USAGE, MODEL_UNUSABLE = 0, 1, 2, 3
-# Page statuses of pages the model answered (a cached or duplicate page never reached it).
-MODEL_ANSWERED = ("ok", "invalid")
 
 
 def exit_code(counts: Mapping[str, Any], max_failed_fraction: float) -> tuple[int, str]:

@@ -8,6 +8,7 @@ import apache_beam as beam
 
 from pipelines.options import PagemillOptions
 from schemas.records import PageImage, PageRow
+from schemas.statuses import RENDERED
 from transforms.cache import CACHED, ReadEarlierPages, SkipCachedDocuments, SkipDoneDocuments
 from transforms.dedup import DUPLICATES, DedupDocuments
 from transforms.engine import Engine, EngineSettings
@@ -65,11 +66,7 @@ def render_dofn(o: PagemillOptions, ocr: Ocr | None = None) -> RenderPagesDoFn:
 
 def rendered_only(page: PageImage) -> PageRow:
     """A page of a render-only run (`--extract false`): accounted for, no model, no cost."""
-    return PageRow(doc_sha256=page.doc_sha256, source_uri=page.source_uri, page_index=page.page_index,
-                   status="rendered", page_hash=page.page_hash, width=page.width, height=page.height,
-                   hint_source=page.hint_source, route="none", hint=page.hint or None,
-                   hint_coverage=page.hint_coverage, detail=page.detail, flags=page.flags,
-                   flag_detail=page.flag_detail, pdq_hash=page.pdq_hash)
+    return PageRow.of_page(page, RENDERED, route="none")
 
 
 def extract_pages(pages: beam.PCollection, o: PagemillOptions, cfg: ExtractConfig | None,

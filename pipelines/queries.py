@@ -20,6 +20,7 @@ import pyarrow as pa
 from pipelines import sql
 from pipelines.storage import StorageConfig
 from schemas.records import REASON_CODES, model_routes_sql
+from schemas.statuses import DUPLICATE, OK
 
 MODEL_L = model_routes_sql("l.route")  # pages sent to a model: in-process, served or a hosted API
 
@@ -95,7 +96,7 @@ WITH model_pages AS (
   UNION ALL
   SELECT d.tenant, d.run_id, c.schema_id, c.model, 'duplicate_document', sum(d.page_count)
   FROM documents d JOIN run_config c USING (tenant, run_id)
-  WHERE d.outcome = 'duplicate' GROUP BY ALL
+  WHERE d.outcome = '{DUPLICATE}' GROUP BY ALL
 ), saved AS (
   SELECT tenant, run_id, schema_id, model,
          coalesce(sum(pages) FILTER (WHERE route = 'duplicate'), 0) AS duplicate_pages,
@@ -128,7 +129,7 @@ SELECT p.tenant, p.schema_id, p.model,
        max(l.output_tokens) AS output_max,
        sum(l.image_tokens + l.text_tokens + l.output_tokens) AS total_tokens,
        round(avg(l.attempts), 2) AS attempts_per_page,
-       round(count(*) FILTER (WHERE p.status = 'ok') / count(*), 3) AS ok_share
+       round(count(*) FILTER (WHERE p.status = '{OK}') / count(*), 3) AS ok_share
 FROM ledger l JOIN pages p USING (tenant, run_id, doc_sha256, page_index)
 WHERE {MODEL_L} AND ($run_id IS NULL OR l.run_id = $run_id)
 GROUP BY p.tenant, p.schema_id, p.model

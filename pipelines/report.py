@@ -31,6 +31,18 @@ from apache_beam.io.filesystems import FileSystems
 from pipelines import queries, sql
 from pipelines.storage import StorageConfig, add_storage_args, configure, storage_from
 from schemas.records import is_model_route, model_routes_sql
+from schemas.statuses import (
+    CACHED,
+    DUPLICATE,
+    EXTRACTED,
+    FAILED,
+    INVALID,
+    OK,
+    PARTIAL,
+    QUARANTINED,
+    REJECTED,
+    RENDERED,
+)
 
 HISTOGRAM_BINS = 12
 
@@ -74,17 +86,17 @@ def _dicts(con: duckdb.DuckDBPyConnection, query: str, params: Sequence[Any] | d
 def funnel(outcomes: dict[str, int]) -> list[dict[str, Any]]:
     """Documents left after each step, in pipeline order, and what the step took away."""
     listed = sum(outcomes.values())
-    steps = [("listed", None, 0), ("accepted", "rejected", outcomes.get("rejected", 0)),
-             ("deduplicated", "duplicates", outcomes.get("duplicate", 0)),
-             ("not cached", "cached", outcomes.get("cached", 0)),
-             ("past the safety gate", "quarantined", outcomes.get("quarantined", 0))]
+    steps = [("listed", None, 0), ("accepted", "rejected", outcomes.get(REJECTED, 0)),
+             ("deduplicated", "duplicates", outcomes.get(DUPLICATE, 0)),
+             ("not cached", "cached", outcomes.get(CACHED, 0)),
+             ("past the safety gate", "quarantined", outcomes.get(QUARANTINED, 0))]
     out, left = [], listed
     for label, removed, n in steps:
         left -= n
         note = (f"\u2212{n} {removed}" if n else f"0 {removed}") if removed else "every listed object"
         out.append({"label": label, "value": left, "note": note})
-    others = ", ".join(f"{outcomes[k]} {k}" for k in ("partial", "failed", "rendered") if outcomes.get(k))
-    out.append({"label": "extracted", "value": outcomes.get("extracted", 0), "note": others or "every page ok"})
+    others = ", ".join(f"{outcomes[k]} {k}" for k in (PARTIAL, FAILED, RENDERED) if outcomes.get(k))
+    out.append({"label": "extracted", "value": outcomes.get(EXTRACTED, 0), "note": others or "every page ok"})
     return out
 
 
@@ -177,7 +189,7 @@ def collect(output: str, storage: StorageConfig | None = None, run_id: str | Non
             "accuracy": accuracy}
 
 
-ROUTE_OF_STATUS = {"ok": "model", "invalid": "model", "cached": "cache", "duplicate": "duplicate"}
+ROUTE_OF_STATUS = {OK: "model", INVALID: "model", CACHED: "cache", DUPLICATE: "duplicate"}
 
 
 def accuracy_section(output: str, tenant: str, run_id: str, routes: Sequence[dict[str, Any]]) -> dict[str, Any] | None:

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from typing import Any
 
-# Document outcomes (the `documents.outcome` column). `rendered` is a render-only run (no model).
-OUTCOMES = ("extracted", "partial", "failed", "duplicate", "cached", "rejected", "quarantined", "rendered")
-# Page statuses (the `pages.status` column).
-PAGE_STATUSES = ("ok", "invalid", "failed", "quarantined", "cached", "duplicate", "rendered")
+# Page statuses and document outcomes: schemas/statuses.py.
 # Ledger routes: why a page cost what it cost. A page sent to a model has `model` (the in-process
 # engine), `served` (a self-hosted OpenAI-compatible server) or `api:<provider>` (a hosted API priced at
 # schemas/prices.json's list price); is_model_route / model_routes_sql pick all three.
@@ -206,22 +204,24 @@ class PageRow:
     is_table: bool | None = None
     is_diagram: bool | None = None
 
+    @classmethod
+    def of_page(cls, page: PageImage, status: str, *, hinted: bool = True, **fields: Any) -> PageRow:
+        """The row of a rendered page: what the page carries to the `pages` table (the one list of it),
+        then `fields` (the result's columns, route, merged flags...) over it. `hinted=False`: a page
+        stopped at the safety gate, before the hints stage: its identity and hashes only."""
+        carried: dict[str, Any] = {"page_hash": page.page_hash, "width": page.width, "height": page.height,
+                                   "pdq_hash": page.pdq_hash}
+        if hinted:
+            carried.update(hint_source=page.hint_source, hint=page.hint or None, hint_coverage=page.hint_coverage,
+                           detail=page.detail, flags=page.flags, flag_detail=page.flag_detail,
+                           rendered_at=page.rendered_at)
+        return cls.of_index(page.doc_sha256, page.source_uri, page.page_index, status, **{**carried, **fields})
 
-@dataclass(frozen=True)
-class PageRef:
-    """Another place where an identical page (same cache key) appears: it gets the same extraction."""
-
-    doc_sha256: str
-    source_uri: str
-    page_index: int
-    page_hash: str
-    width: int
-    height: int
-    hint_source: str
-    flags: tuple[str, ...] = ()
-    flag_detail: tuple[str, ...] = ()
-    hint_coverage: float = 0.0
-    pdq_hash: str | None = None
+    @classmethod
+    def of_index(cls, doc_sha256: str, source_uri: str, page_index: int, status: str, **fields: Any) -> PageRow:
+        """The row of a page known by its document and index only, with no PageImage in hand: one that
+        never rendered, or one rebuilt from an earlier run's stored row."""
+        return cls(doc_sha256=doc_sha256, source_uri=source_uri, page_index=page_index, status=status, **fields)
 
 
 @dataclass(frozen=True)
@@ -232,7 +232,7 @@ class PageTask:
     cache_key: str
     hint: str
     estimated_tokens: int
-    copies: tuple[PageRef, ...] = ()
+    copies: tuple[PageImage, ...] = ()  # without their image bytes
 
 
 @dataclass(frozen=True)

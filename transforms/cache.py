@@ -31,11 +31,11 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.parquetio import ReadAllFromParquet
 
+from schemas import statuses
 from schemas.records import DocumentRecord, ListedObject, PageRow
 from transforms.safety import BlocklistCheck, LoadsChecks, SafetyConfig, quarantined_reuse
 
-CACHED = "cached"
-REUSABLE = ("ok", "cached", "duplicate")  # statuses whose extraction is a valid answer
+CACHED = "cached"  # the tag of documents answered from the cache
 CACHE_COLUMNS = ["tenant", "doc_sha256", "page_index", "page_hash", "cache_key", "config_key", "status",
                  "schema_id", "schema_hash", "model", "model_revision", "extraction", "validation_errors",
                  "flags", "hint_source", "width", "height", "created_at",
@@ -45,25 +45,26 @@ CACHE_COLUMNS = ["tenant", "doc_sha256", "page_index", "page_hash", "cache_key",
 
 
 def reusable(row: Mapping[str, Any], tenant: str, config: str) -> bool:
-    return row.get("status") in REUSABLE and row.get("tenant") == tenant and row.get("config_key") == config
+    return row.get("status") in statuses.SUCCESS and row.get("tenant") == tenant and row.get("config_key") == config
 
 
 def cached_row(earlier: Mapping[str, Any], doc_sha256: str, source_uri: str, page_index: int) -> PageRow:
     """A `cached` page: the earlier row's extraction, no model call, zero cost."""
-    return PageRow(doc_sha256=doc_sha256, source_uri=source_uri, page_index=page_index, status="cached",
-                   page_hash=earlier.get("page_hash"), cache_key=earlier.get("cache_key"),
-                   config_key=earlier.get("config_key"), width=earlier.get("width"), height=earlier.get("height"),
-                   schema_id=earlier.get("schema_id"), schema_hash=earlier.get("schema_hash"),
-                   model=earlier.get("model"), model_revision=earlier.get("model_revision"),
-                   extraction=earlier.get("extraction"),
-                   validation_errors=tuple(earlier.get("validation_errors") or ()),
-                   flags=tuple(earlier.get("flags") or ()), hint_source=earlier.get("hint_source") or "none",
-                   pdq_hash=earlier.get("pdq_hash"),  # kept, so that the next run can re-check this copy
-                   markdown=earlier.get("markdown"), primary_language=earlier.get("primary_language"),
-                   is_rotation_valid=earlier.get("is_rotation_valid"),
-                   rotation_correction=earlier.get("rotation_correction"), is_table=earlier.get("is_table"),
-                   is_diagram=earlier.get("is_diagram"),
-                   route="cache", message="extraction reused from an earlier run")
+    return PageRow.of_index(
+        doc_sha256, source_uri, page_index, statuses.CACHED,
+        page_hash=earlier.get("page_hash"), cache_key=earlier.get("cache_key"),
+        config_key=earlier.get("config_key"), width=earlier.get("width"), height=earlier.get("height"),
+        schema_id=earlier.get("schema_id"), schema_hash=earlier.get("schema_hash"),
+        model=earlier.get("model"), model_revision=earlier.get("model_revision"),
+        extraction=earlier.get("extraction"),
+        validation_errors=tuple(earlier.get("validation_errors") or ()),
+        flags=tuple(earlier.get("flags") or ()), hint_source=earlier.get("hint_source") or "none",
+        pdq_hash=earlier.get("pdq_hash"),  # kept, so that the next run can re-check this copy
+        markdown=earlier.get("markdown"), primary_language=earlier.get("primary_language"),
+        is_rotation_valid=earlier.get("is_rotation_valid"),
+        rotation_correction=earlier.get("rotation_correction"), is_table=earlier.get("is_table"),
+        is_diagram=earlier.get("is_diagram"),
+        route="cache", message="extraction reused from an earlier run")
 
 
 def _preferred(row: Mapping[str, Any]) -> tuple[bool, Any]:

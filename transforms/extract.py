@@ -25,7 +25,8 @@ from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils import shared
 
 from schemas.extraction import ExtractionSchema
-from schemas.records import API_ROUTE_PREFIX, ExtractionResult, PageImage, PageRef, PageRow, PageTask
+from schemas.records import API_ROUTE_PREFIX, ExtractionResult, PageImage, PageRow, PageTask
+from schemas.statuses import DUPLICATE, OK
 from transforms import budget
 from transforms.cache import cached_row
 from transforms.detail import low_detail_size
@@ -87,16 +88,15 @@ def make_task(page: PageImage, engine: EngineSettings, cfg: ExtractConfig) -> tu
     return key, PageTask(page=page, cache_key=key, hint=hint, estimated_tokens=tokens)
 
 
-def as_ref(task: PageTask) -> PageRef:
-    p = task.page
-    return PageRef(p.doc_sha256, p.source_uri, p.page_index, p.page_hash, p.width, p.height, p.hint_source,
-                   flags=p.flags, flag_detail=p.flag_detail, hint_coverage=p.hint_coverage, pdq_hash=p.pdq_hash)
+def as_copy(task: PageTask) -> PageImage:
+    """The task's page as a copy riding along with another: its row needs everything but the image."""
+    return replace(task.page, image=b"")
 
 
 def merge_copies(keyed: tuple[str, list[PageTask]]) -> PageTask:
     """Pages that share a key: the first by (uri, page) is extracted, the rest ride along. Pure."""
     tasks = sorted(keyed[1], key=lambda t: (t.page.source_uri, t.page.page_index))
-    return replace(tasks[0], copies=tuple(as_ref(t) for t in tasks[1:]))
+    return replace(tasks[0], copies=tuple(as_copy(t) for t in tasks[1:]))
 
 
 def to_rows(result: Any, engine: EngineSettings, cfg: ExtractConfig) -> Iterator[PageRow]:
@@ -112,16 +112,13 @@ def to_rows(result: Any, engine: EngineSettings, cfg: ExtractConfig) -> Iterator
     saved = 0
     if page.detail_side and r.image_tokens:  # sent at low detail: what full detail would have cost more
         saved = max(0, budget.estimate_image_tokens(cfg.model_family, page.width, page.height) - r.image_tokens)
-    yield PageRow(doc_sha256=page.doc_sha256, source_uri=page.source_uri, page_index=page.page_index,
-                  status=r.status, page_hash=page.page_hash, width=page.width, height=page.height,
-                  hint_source=page.hint_source, route=cfg.route if r.attempts else "failed",
-                  image_tokens=r.image_tokens, text_tokens=r.text_tokens, output_tokens=r.output_tokens,
-                  attempts=r.attempts, gpu_seconds=r.gpu_seconds, cost_usd=page_cost_usd(r, cfg),
-                  api_equivalent_usd=api_usd,
-                  flags=tuple(dict.fromkeys(page.flags + r.flags + out.flags)),
-                  flag_detail=page.flag_detail + out.notes, hint_coverage=page.hint_coverage,
-                  pdq_hash=page.pdq_hash, image_tokens_saved=saved,
-                  rendered_at=page.rendered_at, extracted_at=r.finished_at, **_common(task, r, engine, cfg))
+    yield PageRow.of_page(page, r.status, route=cfg.route if r.attempts else "failed",
+                          image_tokens=r.image_tokens, text_tokens=r.text_tokens, output_tokens=r.output_tokens,
+                          attempts=r.attempts, gpu_seconds=r.gpu_seconds, cost_usd=page_cost_usd(r, cfg),
+                          api_equivalent_usd=api_usd,
+                          flags=tuple(dict.fromkeys(page.flags + r.flags + out.flags)),
+                          flag_detail=page.flag_detail + out.notes, image_tokens_saved=saved,
+                          extracted_at=r.finished_at, **_common(task, r, engine, cfg))
     for ref in task.copies:
         yield copy_row(ref, task, r, engine, cfg)
 
@@ -135,18 +132,16 @@ def page_cost_usd(r: ExtractionResult, cfg: ExtractConfig) -> float:
     return r.gpu_seconds * cfg.gpu_hourly_usd / 3600.0
 
 
-def copy_row(ref: PageRef | PageImage, task: PageTask, r: ExtractionResult, engine: EngineSettings,
-             cfg: ExtractConfig, rendered_at: dt.datetime | None = None) -> PageRow:
+def copy_row(copy: PageImage, task: PageTask, r: ExtractionResult, engine: EngineSettings,
+             cfg: ExtractConfig) -> PageRow:
     """A page that shares `task`'s key: its result, at zero cost. Pure."""
     out = result_flags(r, cfg)
-    status = "duplicate" if r.status == "ok" else r.status
-    done = max((t for t in (r.finished_at, rendered_at) if t is not None), default=None)
-    return PageRow(doc_sha256=ref.doc_sha256, source_uri=ref.source_uri, page_index=ref.page_index,
-                   status=status, page_hash=ref.page_hash, width=ref.width, height=ref.height,
-                   hint_source=ref.hint_source, route="duplicate",
-                   flags=tuple(dict.fromkeys(ref.flags + r.flags + out.flags)), flag_detail=ref.flag_detail + out.notes,
-                   hint_coverage=ref.hint_coverage, pdq_hash=ref.pdq_hash, rendered_at=rendered_at,
-                   extracted_at=done, **_common(task, r, engine, cfg))
+    status = DUPLICATE if r.status == OK else r.status
+    done = max((t for t in (r.finished_at, copy.rendered_at) if t is not None), default=None)
+    return PageRow.of_page(copy, status, route="duplicate",
+                           flags=tuple(dict.fromkeys(copy.flags + r.flags + out.flags)),
+                           flag_detail=copy.flag_detail + out.notes, extracted_at=done,
+                           **_common(task, r, engine, cfg))
 
 
 def result_flags(r: ExtractionResult, cfg: ExtractConfig) -> OutputFlags:
@@ -162,11 +157,11 @@ def _common(task: PageTask, r: ExtractionResult, engine: EngineSettings, cfg: Ex
     markdown = {}
     if cfg.markdown is not None:
         markdown = {"markdown": r.markdown, **(front_matter_columns(r.extraction) if cfg.markdown.front_matter
-                                               and r.status == "ok" else {})}
+                                               and r.status == OK else {})}
     return {**markdown, "cache_key": task.cache_key, "config_key": cfg.config_key, "schema_id": cfg.schema.schema_id,
             "schema_hash": cfg.schema.schema_hash, "model": engine.model, "model_revision": engine.model_revision,
             "extraction": r.extraction, "validation_errors": r.validation_errors, "reason_code": r.reason_code,
-            "message": r.message, "hint": task.hint or None, "detail": task.page.detail}
+            "message": r.message}
 
 
 @dataclass
@@ -239,7 +234,7 @@ class StreamExtractDoFn(beam.DoFn):
         if p.first:
             yield from to_rows((p.task, r), self.engine, self.cfg)
         else:
-            yield copy_row(p.task.page, p.task, r, self.engine, self.cfg, rendered_at=p.task.page.rendered_at)
+            yield copy_row(p.task.page, p.task, r, self.engine, self.cfg)
 
     def finish_bundle(self) -> Iterator[Any]:
         pending, self._pending = self._pending, []

@@ -11,8 +11,17 @@ from collections.abc import Iterable, Iterator
 import apache_beam as beam
 
 from schemas.records import DocumentRecord, DocumentRow, PageRow
+from schemas.statuses import (
+    CACHED,
+    EXTRACTED,
+    FAILED,
+    PARTIAL,
+    QUARANTINED,
+    RENDERED,
+    SUCCESS,
+    UNSUCCESSFUL,
+)
 
-SUCCESS = ("ok", "cached", "duplicate")
 Tally = tuple[Counter[str], Counter[str]]  # page statuses, page reason codes
 
 
@@ -20,29 +29,29 @@ def document_outcome(doc: DocumentRecord, statuses: Counter[str], reasons: Count
     """Pure: the outcome of a document given how many of its pages ended in each status."""
     seen = sum(statuses.values())
     good = sum(statuses[s] for s in SUCCESS)
-    rendered = statuses["rendered"]
-    quarantined = statuses["quarantined"]
+    rendered = statuses[RENDERED]
+    quarantined = statuses[QUARANTINED]
     top_reason = reasons.most_common(1)[0][0] if reasons else None
     message = None
     if seen < doc.page_count:
         # Counted, not assumed: a page that vanished is reported rather than papered over.
         message = f"{doc.page_count - seen} of {doc.page_count} pages produced no row"
     if seen == 0:
-        outcome, reason = "failed", "extraction_failed"
-    elif statuses["cached"] == seen == doc.page_count:
-        outcome, reason = "cached", None
+        outcome, reason = FAILED, "extraction_failed"
+    elif statuses[CACHED] == seen == doc.page_count:
+        outcome, reason = CACHED, None
     elif good == seen == doc.page_count:
-        outcome, reason = "extracted", None
+        outcome, reason = EXTRACTED, None
     elif rendered == seen == doc.page_count:
-        outcome, reason = "rendered", None
+        outcome, reason = RENDERED, None
     elif quarantined == seen:
-        outcome, reason = "quarantined", top_reason
+        outcome, reason = QUARANTINED, top_reason
     elif good + rendered == 0 and quarantined == 0:
-        outcome, reason = "failed", top_reason or "extraction_failed"
+        outcome, reason = FAILED, top_reason or "extraction_failed"
     else:
-        outcome, reason = "partial", top_reason
-    if message is None and outcome in ("partial", "failed", "quarantined"):
-        bad = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()) if s not in (*SUCCESS, "rendered"))
+        outcome, reason = PARTIAL, top_reason
+    if message is None and outcome in UNSUCCESSFUL:
+        bad = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()) if s not in SUCCESS | {RENDERED})
         message = f"{bad} of {doc.page_count} pages"
     return DocumentRow(source_uri=doc.uri, bytes=doc.size, outcome=outcome, doc_sha256=doc.doc_sha256,
                        format=doc.format, page_count=doc.page_count, reason_code=reason, message=message)

@@ -19,6 +19,7 @@ from apache_beam.metrics import Metrics
 from PIL import Image, ImageOps
 
 from schemas.records import DocumentRecord, PageImage, PageRow
+from schemas.statuses import FAILED
 from transforms.formats import PDFIUM_LOCK, PdfPasswordError, load_pdf, open_image, seek_frame
 from transforms.reading import ObjectReader, ReadConfig, ReadFailed
 from transforms.textlayer import PICTURE_MIN_COVERAGE, TRUNCATED_FLAG, TextEvidence, pdf_text_evidence
@@ -209,8 +210,8 @@ def render_image(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterato
 
 
 def failed_page(doc: DocumentRecord, index: int, reason_code: str, message: str) -> PageRow:
-    return PageRow(doc_sha256=doc.doc_sha256, source_uri=doc.uri, page_index=index, status="failed",
-                   reason_code=reason_code, message=message[:500], route="failed")
+    return PageRow.of_index(doc.doc_sha256, doc.uri, index, FAILED, reason_code=reason_code, message=message[:500],
+                            route="failed")
 
 
 def render_document(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterator[PageImage | PageRow]:
@@ -261,7 +262,7 @@ class RenderPagesDoFn(beam.DoFn):
             now = time.perf_counter()
             self.render_ms.update(int((now - start) * 1000))
             if isinstance(page, PageRow):
-                if page.status == "failed":  # not a page the render worker's gate quarantined
+                if page.status == FAILED:  # not a page the render worker's gate quarantined
                     self.failed.inc()
                 yield beam.pvalue.TaggedOutput(FAILED_PAGES, page)
             else:

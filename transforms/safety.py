@@ -34,6 +34,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.utils import shared
 from PIL import Image
 
+from schemas import statuses
 from schemas.records import DocumentRecord, DocumentRow, PageImage, PageRow
 from transforms.blocklist import Blocklists, Match, load_blocklists, usable_pdq
 from transforms.classifiers import ImageClassifier, load_classifier, load_factory
@@ -203,10 +204,9 @@ def screen_page(page: PageImage, checks: Checks, low_side: int) -> tuple[PageIma
 
 
 def quarantined_page(page: PageImage, verdict: Verdict) -> PageRow:
-    return PageRow(doc_sha256=page.doc_sha256, source_uri=page.source_uri, page_index=page.page_index,
-                   status="quarantined", reason_code=verdict.reason_code, message=verdict.message[:500],
-                   page_hash=page.page_hash, width=page.width, height=page.height, route="quarantined",
-                   pdq_hash=page.pdq_hash, quarantine_detail=json.dumps(dict(verdict.detail), sort_keys=True))
+    return PageRow.of_page(page, statuses.QUARANTINED, hinted=False, reason_code=verdict.reason_code,
+                           message=verdict.message[:500], route="quarantined",
+                           quarantine_detail=json.dumps(dict(verdict.detail), sort_keys=True))
 
 
 def quarantined_reuse(earlier: Mapping[str, Any], doc_sha256: str, source_uri: str, page_index: int,
@@ -214,16 +214,15 @@ def quarantined_reuse(earlier: Mapping[str, Any], doc_sha256: str, source_uri: s
     """A page whose earlier result is not reused: today's lists name its stored hashes. Nothing was
     rendered; the row keeps the hashes it was matched on."""
     detail = {**verdict.detail, "checked": "stored hashes of an earlier run"}
-    return PageRow(doc_sha256=doc_sha256, source_uri=source_uri, page_index=page_index, status="quarantined",
-                   reason_code=verdict.reason_code,
-                   message=f"{verdict.message}; its earlier extraction is not reused"[:500],
-                   page_hash=earlier.get("page_hash"), width=earlier.get("width"), height=earlier.get("height"),
-                   route="quarantined", pdq_hash=earlier.get("pdq_hash"),
-                   quarantine_detail=json.dumps(detail, sort_keys=True))
+    return PageRow.of_index(doc_sha256, source_uri, page_index, statuses.QUARANTINED, reason_code=verdict.reason_code,
+                            message=f"{verdict.message}; its earlier extraction is not reused"[:500],
+                            page_hash=earlier.get("page_hash"), width=earlier.get("width"),
+                            height=earlier.get("height"), route="quarantined", pdq_hash=earlier.get("pdq_hash"),
+                            quarantine_detail=json.dumps(detail, sort_keys=True))
 
 
 def quarantined_document(doc: DocumentRecord, verdict: Verdict) -> DocumentRow:
-    return DocumentRow(source_uri=doc.uri, bytes=doc.size, outcome="quarantined", doc_sha256=doc.doc_sha256,
+    return DocumentRow(source_uri=doc.uri, bytes=doc.size, outcome=statuses.QUARANTINED, doc_sha256=doc.doc_sha256,
                        format=doc.format, page_count=doc.page_count, reason_code=verdict.reason_code,
                        message=verdict.message[:500],
                        quarantine_detail=json.dumps(dict(verdict.detail), sort_keys=True))
