@@ -102,3 +102,34 @@ def test_the_link_check_finds_a_broken_link(tmp_path: Path) -> None:
     targets = LINK.findall(page.read_text())
     assert targets == ["b.md", "#a", "#nope"]
     assert "a" in _anchors(page.read_text()) and "nope" not in _anchors(page.read_text())
+
+
+def _vocabulary_tables(text: str) -> dict[str, set[str]]:
+    """The first column of each table under docs/tables.md's outcomes-and-statuses heading, by header."""
+    section = text.split("## Outcomes and page statuses", 1)[1].split("\n## ", 1)[0]
+    tables: dict[str, set[str]] = {}
+    header = None
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        if not cells:
+            header = None
+        elif header is None:
+            header = cells[0]
+            tables[header] = set()
+        elif not set(cells[0]) <= set("-: "):
+            tables[header].add(cells[0].strip("`"))
+    return tables
+
+
+def test_tables_doc_lists_exactly_the_status_vocabulary() -> None:
+    from schemas.statuses import OUTCOMES, PAGE_STATUSES
+
+    tables = _vocabulary_tables((REPO / "docs" / "tables.md").read_text())
+    assert tables.get("outcome") == set(OUTCOMES), "docs/tables.md outcomes differ from schemas/statuses.py"
+    assert tables.get("status") == set(PAGE_STATUSES), "docs/tables.md statuses differ from schemas/statuses.py"
+
+
+def test_the_vocabulary_check_sees_a_missing_or_extra_row() -> None:
+    doc = ("## Outcomes and page statuses\n\n| outcome | meaning |\n|---|---|\n| `extracted` | x |\n\n"
+           "| status | meaning |\n|---|---|\n| `ok` | x |\n| `bogus` | y |\n\n## Next\n| `later` | z |\n")
+    assert _vocabulary_tables(doc) == {"outcome": {"extracted"}, "status": {"ok", "bogus"}}

@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 
 from pipelines import sql
-from schemas.records import OUTCOMES, PAGE_STATUSES, REASON_CODES
+from schemas.records import REASON_CODES
+from schemas.statuses import OUTCOMES, PAGE_STATUSES
 from tests.conftest import CORPUS
 from tests.pipelines.raw import one_row_per, raw_rows
 

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from pipelines import cli, sql
-from schemas.records import OUTCOMES, PAGE_STATUSES, REASON_CODES
+from schemas.records import REASON_CODES
+from schemas.statuses import OUTCOMES, PAGE_STATUSES
 from tests import docmaker
 from tests.pipelines.raw import one_row_per, raw_rows
 

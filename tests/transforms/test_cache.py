@@ -15,9 +15,9 @@ from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from schemas.records import DocumentRecord, ListedObject, PageRow
+from schemas.statuses import SUCCESS
 from transforms.cache import (
     CACHE_COLUMNS,
-    REUSABLE,
     ReadEarlierPages,
     SkipCachedDocuments,
     SkipDoneDocuments,
@@ -41,8 +41,8 @@ def earlier(page_index: int, created_at: str = "2026-01-01T00:00:00", **changes:
 
 
 def test_reusable_needs_a_good_status_the_tenant_and_the_configuration() -> None:
-    assert REUSABLE == ("ok", "cached", "duplicate")
-    for status in REUSABLE:
+    assert SUCCESS == {"ok", "cached", "duplicate"}
+    for status in SUCCESS:
         assert reusable(earlier(0, status=status), "acme", "cfg")
     for status in ("invalid", "failed", "quarantined", "rendered", None):
         assert not reusable(earlier(0, status=status), "acme", "cfg"), status

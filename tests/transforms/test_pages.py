@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from PIL import Image
 
-from schemas.records import OUTCOMES, REASON_CODES, DocumentRecord, DocumentRow, PageImage, PageRow
+from schemas.records import REASON_CODES, DocumentRecord, DocumentRow, PageImage, PageRow
+from schemas.statuses import OUTCOMES
 from tests import docmaker
 from transforms.dedup import split_duplicates
 from transforms.outcome import document_outcome
