@@ -27,6 +27,7 @@ from typing import Any
 from pipelines import sql
 from pipelines.storage import StorageConfig, add_storage_args, configure, storage_from
 from schemas.records import model_routes_sql
+from schemas.statuses import DUPLICATE
 
 NUMBER_TOLERANCE = 0.01  # absolute: a cent in invoice amounts
 DATE_FORMATS = ("%Y-%m-%d", "%Y/%m/%d", "%d.%m.%Y", "%d/%m/%Y", "%d-%m-%Y", "%d %B %Y", "%d %b %Y", "%B %d, %Y",
@@ -293,7 +294,7 @@ def evaluate(output: str, truth: Sequence[TruthRow], storage: StorageConfig | No
         outcomes = {u: o + (f" {r}" if r else "") for u, o, r in con.execute(
             "SELECT source_uri, outcome, reason_code FROM documents WHERE run_id = ?", [run_id]).fetchall()}
         aliases = dict(con.execute("SELECT source_uri, duplicate_of FROM documents WHERE run_id = ? "
-                                   "AND outcome = 'duplicate' AND duplicate_of IS NOT NULL", [run_id]).fetchall())
+                                   f"AND outcome = '{DUPLICATE}' AND duplicate_of IS NOT NULL", [run_id]).fetchall())
         totals = con.execute(f"SELECT count(*), count(*) FILTER (WHERE {model_routes_sql()}), sum(cost_usd), "
                              "sum(gpu_seconds), sum(api_equivalent_usd) FROM ledger WHERE run_id = ?",
                              [run_id]).fetchone()

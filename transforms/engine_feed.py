@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from PIL import Image
 
 from schemas.records import ExtractionResult, PageTask
+from schemas.statuses import FAILED, INVALID, OK
 from transforms import budget
 from transforms.detail import resize_for_detail
 from transforms.engine import Completion, PageEngine
@@ -94,7 +95,7 @@ def prepare(task: PageTask, tokenizer: Any, cfg: ExtractConfig, controls: Sequen
         size = budget.fit_to_token_budget(img.width, img.height, room, cfg.model_family) if room > 0 else None
         if size is None:
             return Request(None, text_tokens, img.width, img.height, result=ExtractionResult(
-                status="failed", reason_code="over_token_budget", text_tokens=text_tokens,
+                status=FAILED, reason_code="over_token_budget", text_tokens=text_tokens,
                 message=f"prompt needs {text_tokens} text tokens + {cfg.max_tokens} output tokens; "
                         f"max_model_len is {cfg.max_model_len}"))
         img = img.resize(size, Image.Resampling.LANCZOS)
@@ -120,7 +121,7 @@ def judge(output: Any, image_id: int | None, validator: SchemaValidator, attempt
     if markdown is not None:
         parsed = markdown.parse(completion.text, completion.finish_reason)
         return ExtractionResult(
-            status="ok" if parsed.ok else "invalid", reason_code=parsed.reason_code,
+            status=OK if parsed.ok else INVALID, reason_code=parsed.reason_code,
             extraction=json.dumps(parsed.front_matter, sort_keys=True) if parsed.ok else None,
             markdown=parsed.markdown, validation_errors=parsed.errors,
             flags=(TRUNCATED_FLAG,) if parsed.ok and parsed.truncated else (),
@@ -128,14 +129,14 @@ def judge(output: Any, image_id: int | None, validator: SchemaValidator, attempt
             message=None if parsed.ok else f"attempt {attempt}: {'; '.join(parsed.errors)[:400]}")
     checked = validator.parse_and_validate(completion.text, completion.finish_reason)
     return ExtractionResult(
-        status="ok" if checked.ok else "invalid", reason_code=checked.reason_code,
+        status=OK if checked.ok else INVALID, reason_code=checked.reason_code,
         extraction=completion.text if checked.ok else None, validation_errors=tuple(checked.errors),
         image_tokens=img_t, text_tokens=txt_t, output_tokens=out_t,
         message=None if checked.ok else f"attempt {attempt}: {'; '.join(checked.errors)[:400]}")
 
 
 def failed(reason: str, message: str) -> ExtractionResult:
-    return ExtractionResult(status="failed", reason_code=reason, message=message[:500])
+    return ExtractionResult(status=FAILED, reason_code=reason, message=message[:500])
 
 
 class PageFeed:
@@ -264,7 +265,7 @@ class PageFeed:
             req.attempts += 1
             req.gpu_seconds += completion.gpu_seconds
             judged = judge(completion.output, self._image_id, self.validator, req.attempts, self.cfg.markdown)
-            if judged.status == "ok":
+            if judged.status == OK:
                 return self._finish(req, result, judged)
             req.last = judged
         if req.attempts < self.cfg.max_attempts:

@@ -14,6 +14,7 @@ import pypdfium2 as pdfium
 from PIL import Image, UnidentifiedImageError
 
 from schemas.records import DocumentRecord, DocumentRow, ListedObject
+from schemas.statuses import REJECTED
 from transforms.formats import (
     IMAGE_FORMATS,
     PdfPasswordError,
@@ -39,7 +40,7 @@ Counted = Callable[[ListedObject, bytes, str, str, IntakeLimits], int | Document
 
 
 def reject(obj: ListedObject, reason_code: str, message: str, **known: object) -> DocumentRow:
-    return DocumentRow(source_uri=obj.uri, bytes=max(obj.size, 0), outcome="rejected", reason_code=reason_code,
+    return DocumentRow(source_uri=obj.uri, bytes=max(obj.size, 0), outcome=REJECTED, reason_code=reason_code,
                        message=message[:500], **known)  # type: ignore[arg-type]
 
 

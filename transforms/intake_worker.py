@@ -16,6 +16,7 @@ from functools import partial
 from apache_beam.metrics import Metrics
 
 from schemas.records import DocumentRecord, DocumentRow, ListedObject
+from schemas.statuses import FAILED
 from transforms.child_process import CRASHED, TIMEOUT, ChildWorker
 from transforms.inspection import (
     IntakeLimits,
@@ -41,7 +42,7 @@ def stopped_row(obj: ListedObject, fmt: str, sha: str, stopped: str, detail: str
                    f"{timeout_s:g}")
     else:
         message = f"{detail}, opening this {fmt} to count its pages"
-    return replace(reject(obj, stopped, message, **known), outcome="failed")
+    return replace(reject(obj, stopped, message, **known), outcome=FAILED)
 
 
 class TimedIntakeDoFn(IntakeDoFn):
