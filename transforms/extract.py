@@ -119,8 +119,8 @@ def to_rows(result: Any, engine: EngineSettings, cfg: ExtractConfig) -> Iterator
                           flags=tuple(dict.fromkeys(page.flags + r.flags + out.flags)),
                           flag_detail=page.flag_detail + out.notes, image_tokens_saved=saved,
                           extracted_at=r.finished_at, **_common(task, r, engine, cfg))
-    for ref in task.copies:
-        yield copy_row(ref, task, r, engine, cfg)
+    for copy in task.copies:
+        yield copy_row(copy, task, r, engine, cfg)
 
 
 def page_cost_usd(r: ExtractionResult, cfg: ExtractConfig) -> float:
