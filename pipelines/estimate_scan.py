@@ -20,7 +20,7 @@ from pipelines.storage import StorageConfig
 from schemas.records import DocumentRecord, ListedObject, model_routes_sql
 from transforms.cache import REUSABLE
 from transforms.intake import MISSING, IntakeLimits, expand_input, inspect_document, read_capped, size_gate
-from transforms.page_sizes import PageSize, image_page_sizes, pdf_page_sizes
+from transforms.sizes import PageSize, image_page_sizes, pdf_page_sizes
 
 
 @dataclass(frozen=True)
