@@ -25,16 +25,16 @@ from pipelines.estimate_scan import (
     ScanSettings,
     cached_documents,
     duplicates,
-    list_objects,
     measured_output_tokens,
     scan,
 )
+from pipelines.option_checks import epoch
 from pipelines.options import PagemillOptions
 from pipelines.storage import StorageConfig
 from schemas.extraction import ExtractionSchema
 from schemas.records import API_ROUTE_PREFIX
 from transforms import budget
-from transforms.intake import IntakeLimits
+from transforms.intake import IntakeLimits, list_matching
 from transforms.outputs import MarkdownFormat, load_output
 from transforms.prompt import SYSTEM_PROMPT, chat_messages, clean_hint, control_tokens, user_text
 from transforms.sizes import low_detail_size
@@ -285,7 +285,7 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
     throughput = load_throughput(o.model, pages_per_second)
     prices = budget.load_prices()
     t_setup = time.perf_counter()  # the schema check imports the grammar compiler: seconds, once
-    objects = list_objects(o.input)
+    objects = list_matching(o.input, epoch(o.modified_since), epoch(o.modified_until))
     t_list = time.perf_counter()
     settings = ScanSettings(IntakeLimits(o.max_bytes, o.max_pages, o.max_image_pixels), o.dpi, o.max_side,
                             o.max_page_points, o.max_text_chars, read_text)
