@@ -19,6 +19,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
 
+from transforms.sizes import capped_size
+
 # Qwen2-VL / Qwen2.5-VL processor defaults (preprocessor_config.json of the released checkpoints).
 QWEN_PATCH_SIZE: Final = 14
 QWEN_MERGE_SIZE: Final = 2
@@ -237,8 +239,7 @@ def fit_to_token_budget(
     long_side = max(width, height)
 
     def size_at(side: int) -> tuple[int, int]:
-        s = side / long_side
-        return max(1, round(width * s)), max(1, round(height * s))
+        return capped_size(width, height, side)  # the page stage's own cap, at a smaller side
 
     def fits(side: int) -> bool:
         try:
