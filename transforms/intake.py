@@ -81,6 +81,11 @@ class IntakeDoFn(beam.DoFn):
         return inspect_document(obj, data, self.limits)
 
 
+def is_literal(glob: str) -> bool:
+    """A URI named on its own (no wildcard)."""
+    return not any(c in glob for c in "*?[")
+
+
 def expand_input(pattern: str) -> list[str]:
     """A folder becomes a recursive glob; `@FILE` becomes the URIs it lists (one a line, # comments)."""
     if pattern.startswith("@"):
@@ -89,7 +94,7 @@ def expand_input(pattern: str) -> list[str]:
         return [s for s in (line.strip() for line in lines) if s and not s.startswith("#")]
     if pattern.endswith("/"):
         return [pattern + "**"]
-    if not any(c in pattern for c in "*?[") and _is_dir(pattern):
+    if is_literal(pattern) and _is_dir(pattern):
         return [pattern.rstrip("/") + "/**"]
     return [pattern]
 
@@ -105,7 +110,7 @@ def to_listed(meta: fileio.FileMetadata) -> ListedObject:
 def glob_root(pattern: str) -> str | None:
     """The local folder a wildcard pattern lists (before its first wildcard); None for a path named on
     its own (the caller chose that file, link or not) and for object storage (no symlinks there)."""
-    if "://" in pattern or not any(c in pattern for c in "*?["):
+    if "://" in pattern or is_literal(pattern):
         return None
     head = re.split(r"[*?\[]", pattern, maxsplit=1)[0]
     return os.path.dirname(head) or "."
@@ -129,11 +134,6 @@ def match_pattern(pattern: str) -> Iterator[ListedObject]:
         if root is not None and not inside(meta.path, root):
             obj = ListedObject(uri=obj.uri, size=OUTSIDE, last_modified=obj.last_modified)
         yield obj
-
-
-def is_literal(glob: str) -> bool:
-    """A URI named on its own (no wildcard)."""
-    return not any(c in glob for c in "*?[")
 
 
 def input_globs(patterns: Iterable[str]) -> list[str]:
