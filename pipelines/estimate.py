@@ -25,19 +25,19 @@ from pipelines.estimate_scan import (
     ScanSettings,
     cached_documents,
     duplicates,
-    list_objects,
     measured_output_tokens,
     scan,
 )
+from pipelines.option_checks import epoch
 from pipelines.options import PagemillOptions
 from pipelines.storage import StorageConfig
 from schemas.extraction import ExtractionSchema
 from schemas.records import API_ROUTE_PREFIX
 from transforms import budget
-from transforms.detail import low_detail_size
-from transforms.intake import IntakeLimits
+from transforms.intake import IntakeLimits, list_matching
 from transforms.outputs import MarkdownFormat, load_output
 from transforms.prompt import SYSTEM_PROMPT, chat_messages, clean_hint, control_tokens, user_text
+from transforms.sizes import low_detail_size
 from transforms.token_math import rule_for
 
 
@@ -176,19 +176,12 @@ class HintPolicy:
         return bool(hint) and len(text.strip()) <= max_chars
 
 
-def _fit(size: tuple[int, int], room: int, family: Any) -> tuple[int, int] | None:
-    """`prepare`'s budget rule: an image too large for the room left is shrunk to fit, or fails (None)."""
-    if budget.estimate_image_tokens(family, *size) <= room:
-        return size
-    return budget.fit_to_token_budget(size[0], size[1], room, family) if room > 0 else None
-
-
 def plan_pages(docs: Sequence[Scanned], o: PagemillOptions, prompt: PromptTokens,
                policy: HintPolicy, rule: Any, decisions: Decisions | None = None) -> list[PagePlan]:
     """Each page's tokens: the hint and detail the hints stage chose for it when it was rendered
     (`decisions`), else those of `policy` (detail: the measured low-detail share of its stratum when
-    there is one), then `prepare`'s budget rule (an image too large for the context left after the prompt
-    and --max-tokens is shrunk to fit, or fails as over_token_budget)."""
+    there is one), then the engine stage's own budget rule (`budget.fit_image`: an image too large for the
+    context left after the prompt and --max-tokens is shrunk to fit, or fails as over_token_budget)."""
     pages = [(d.uri, d.format, p) for d in docs for p in d.pages]
     rendered = decisions.rendered if decisions else {}
     chosen = [rendered.get((uri, p.page_index)) for uri, _, p in pages]
@@ -204,9 +197,9 @@ def plan_pages(docs: Sequence[Scanned], o: PagemillOptions, prompt: PromptTokens
         share = None if choice is not None or decisions is None or policy.detail != "auto" or side <= 0 \
             else decisions.low_share.get(group, (None, 0))[0]
         low = (choice.low if choice is not None else policy.low(p.text, hint, o.max_hint_chars)) and side > 0
-        room = o.max_model_len - o.max_tokens - text_tokens
-        high = _fit((p.width, p.height), room, family)
-        small = _fit(low_detail_size(p.width, p.height, side), room, family) if side > 0 else high
+        high = budget.fit_image(p.width, p.height, text_tokens, o.max_tokens, o.max_model_len, family)
+        small = budget.fit_image(*low_detail_size(p.width, p.height, side), text_tokens, o.max_tokens,
+                                 o.max_model_len, family) if side > 0 else high
         size = small if (low if share is None else share >= 0.5) else high
         if size is None:
             plans.append(PagePlan(uri, p.page_index, p.width, p.height, 0, 0, 0, 0, "failed", "over_token_budget"))
@@ -292,7 +285,7 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
     throughput = load_throughput(o.model, pages_per_second)
     prices = budget.load_prices()
     t_setup = time.perf_counter()  # the schema check imports the grammar compiler: seconds, once
-    objects = list_objects(o.input)
+    objects = list_matching(o.input, epoch(o.modified_since), epoch(o.modified_until))
     t_list = time.perf_counter()
     settings = ScanSettings(IntakeLimits(o.max_bytes, o.max_pages, o.max_image_pixels), o.dpi, o.max_side,
                             o.max_page_points, o.max_text_chars, read_text)

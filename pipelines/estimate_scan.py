@@ -1,6 +1,7 @@
-"""The scanning half of `pagemill estimate`: list, read, hash, sniff, count pages and measure them, in plain
+"""The scanning half of `pagemill estimate`: read, hash, sniff, count pages and measure them, in plain
 Python (no Beam pipeline), with the pipeline's own intake functions so that an object is rejected here for
-exactly the reason `pagemill run` would reject it.
+exactly the reason `pagemill run` would reject it (the listing is intake's own `list_matching`, the page
+sizes `transforms.sizes`, the duplicates `transforms.dedup.split_duplicates`).
 
 Cost: every object under --max-bytes is read once in full (the sha256 that dedup and the cache need
 cannot be had otherwise) and opened once more to measure its pages; nothing is rendered. Objects are
@@ -13,14 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
-from apache_beam.io.filesystems import FileSystems
 
 from pipelines import sql
 from pipelines.storage import StorageConfig
 from schemas.records import DocumentRecord, ListedObject, model_routes_sql
 from schemas.statuses import SUCCESS, sql_list
-from transforms.intake import MISSING, IntakeLimits, expand_input, inspect_document, read_capped, size_gate
-from transforms.page_sizes import PageSize, image_page_sizes, pdf_page_sizes
+from transforms.dedup import split_duplicates
+from transforms.intake import IntakeLimits, inspect_document, read_capped, size_gate
+from transforms.sizes import PageSize, image_page_sizes, pdf_page_sizes
 
 
 @dataclass(frozen=True)
@@ -44,27 +45,6 @@ class Scanned:
     doc_sha256: str | None = None
     format: str | None = None
     pages: tuple[PageSize, ...] = ()
-
-
-def list_objects(patterns: Iterable[str]) -> list[ListedObject]:
-    """What `transforms.intake.ListObjects` lists, without a pipeline: every match of every input,
-    each URI once, and a URI given by name that does not exist as a `not_found` object."""
-    found: dict[str, ListedObject] = {}
-    for glob in sorted({g for p in patterns for g in expand_input(p)}):
-        literal = not any(c in glob for c in "*?[")
-        try:
-            metadata = FileSystems.match([glob])[0].metadata_list
-        except Exception:  # as in the pipeline: a literal that cannot be listed is missing
-            if not literal:
-                raise
-            metadata = []
-        for meta in metadata:
-            obj = ListedObject(uri=meta.path, size=int(meta.size_in_bytes), last_modified=meta.last_updated_in_seconds)
-            if obj.uri not in found or obj.size > found[obj.uri].size:
-                found[obj.uri] = obj
-        if literal and not metadata and glob not in found:
-            found[glob] = ListedObject(uri=glob, size=MISSING)
-    return [found[u] for u in sorted(found)]
 
 
 def scan_object(obj: ListedObject, s: ScanSettings) -> Scanned:
@@ -106,17 +86,14 @@ def scan(objects: Sequence[ListedObject], s: ScanSettings, workers: int = 8) -> 
 
 
 def duplicates(scanned: Iterable[Scanned]) -> dict[str, str]:
-    """uri -> the uri it duplicates, for every accepted copy but the smallest URI of each sha256
-    (the rule of `transforms.dedup.split_duplicates`)."""
-    kept: dict[str, str] = {}
-    out: dict[str, str] = {}
-    for doc in sorted((d for d in scanned if d.status == "accepted"), key=lambda d: d.uri):
-        assert doc.doc_sha256 is not None
-        if doc.doc_sha256 in kept:
-            out[doc.uri] = kept[doc.doc_sha256]
-        else:
-            kept[doc.doc_sha256] = doc.uri
-    return out
+    """uri -> the uri it duplicates: the run's own rule (`transforms.dedup.split_duplicates`) on the
+    accepted copies of each sha256."""
+    copies: dict[str, list[DocumentRecord]] = {}
+    for d in scanned:
+        if d.status == "accepted" and d.doc_sha256 is not None:
+            copies.setdefault(d.doc_sha256, []).append(
+                DocumentRecord(d.uri, d.size, d.doc_sha256, d.format or "", len(d.pages)))
+    return {row.source_uri: row.duplicate_of or "" for same in copies.values() for row in split_duplicates(same)[1]}
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
 
+from transforms.sizes import capped_size
+
 # Qwen2-VL / Qwen2.5-VL processor defaults (preprocessor_config.json of the released checkpoints).
 QWEN_PATCH_SIZE: Final = 14
 QWEN_MERGE_SIZE: Final = 2
@@ -237,8 +239,7 @@ def fit_to_token_budget(
     long_side = max(width, height)
 
     def size_at(side: int) -> tuple[int, int]:
-        s = side / long_side
-        return max(1, round(width * s)), max(1, round(height * s))
+        return capped_size(width, height, side)  # the page stage's own cap, at a smaller side
 
     def fits(side: int) -> bool:
         try:
@@ -262,6 +263,18 @@ def fit_to_token_budget(
         else:
             hi = mid
     return size_at(lo)
+
+
+def fit_image(width: int, height: int, text_tokens: int, max_tokens: int, max_model_len: int,
+              family: Any) -> tuple[int, int] | None:
+    """The size a page image goes to the model at, beside a prompt of text_tokens and max_tokens of output in
+    max_model_len: as it is when its tokens fit the room left, else shrunk to fit (`fit_to_token_budget`), or
+    None when nothing fits (the page fails as over_token_budget). The engine stage (`engine_feed.prepare`)
+    and `pagemill estimate` both decide with this."""
+    room = max_model_len - max_tokens - text_tokens
+    if estimate_image_tokens(family, width, height) <= room:
+        return width, height
+    return fit_to_token_budget(width, height, room, family) if room > 0 else None
 
 
 def load_prices(path: Path | str | None = None) -> dict[str, Any]:

@@ -29,11 +29,11 @@ from PIL import Image
 from schemas.records import ExtractionResult, PageTask
 from schemas.statuses import FAILED, INVALID, OK
 from transforms import budget
-from transforms.detail import resize_for_detail
 from transforms.engine import Completion, PageEngine
 from transforms.outputs import TRUNCATED_FLAG, MarkdownFormat
 from transforms.postfilter import SchemaValidator
 from transforms.prompt import chat_messages, control_tokens
+from transforms.sizes import resize_for_detail
 
 if TYPE_CHECKING:
     from transforms.extract import ExtractConfig
@@ -90,14 +90,13 @@ def prepare(task: PageTask, tokenizer: Any, cfg: ExtractConfig, controls: Sequen
     # The template holds one image placeholder token, which the engine expands to image_tokens.
     text_tokens = len(tokenizer.encode(text, add_special_tokens=False)) - 1
     img = resize_for_detail(Image.open(io.BytesIO(task.page.image)).convert("RGB"), task.page.detail_side)
-    room = cfg.max_model_len - cfg.max_tokens - text_tokens
-    if budget.estimate_image_tokens(cfg.model_family, img.width, img.height) > room:
-        size = budget.fit_to_token_budget(img.width, img.height, room, cfg.model_family) if room > 0 else None
-        if size is None:
-            return Request(None, text_tokens, img.width, img.height, result=ExtractionResult(
-                status=FAILED, reason_code="over_token_budget", text_tokens=text_tokens,
-                message=f"prompt needs {text_tokens} text tokens + {cfg.max_tokens} output tokens; "
-                        f"max_model_len is {cfg.max_model_len}"))
+    size = budget.fit_image(img.width, img.height, text_tokens, cfg.max_tokens, cfg.max_model_len, cfg.model_family)
+    if size is None:
+        return Request(None, text_tokens, img.width, img.height, result=ExtractionResult(
+            status=FAILED, reason_code="over_token_budget", text_tokens=text_tokens,
+            message=f"prompt needs {text_tokens} text tokens + {cfg.max_tokens} output tokens; "
+                    f"max_model_len is {cfg.max_model_len}"))
+    if size != img.size:
         img = img.resize(size, Image.Resampling.LANCZOS)
     return Request({"prompt": text, "multi_modal_data": {"image": img}}, text_tokens, img.width, img.height)
 

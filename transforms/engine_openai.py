@@ -42,9 +42,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from transforms import budget
-from transforms.detail import low_detail_size
 from transforms.engine import Completion, EngineOutput, Sample
 from transforms.prompt import SYSTEM_PROMPT, strip_controls, user_text
+from transforms.sizes import low_detail_size, resize_for_detail
 
 if TYPE_CHECKING:
     from schemas.extraction import ExtractionSchema
@@ -101,8 +101,6 @@ def page_image(image: bytes, width: int, height: int, detail_side: int) -> tuple
     size = low_detail_size(width, height, detail_side)
     if size != (width, height):
         from PIL import Image
-
-        from transforms.detail import resize_for_detail
 
         img = resize_for_detail(Image.open(io.BytesIO(image)).convert("RGB"), detail_side)
         buf = io.BytesIO()

@@ -29,11 +29,11 @@ from schemas.records import API_ROUTE_PREFIX, ExtractionResult, PageImage, PageR
 from schemas.statuses import DUPLICATE, OK
 from transforms import budget
 from transforms.cache import cached_row
-from transforms.detail import low_detail_size
 from transforms.engine import CPU_MAX_NUM_SEQS, Engine, EngineSettings, PageEngine
 from transforms.outputs import MarkdownFormat, front_matter_columns
 from transforms.postfilter import OutputFlags, markdown_flags, output_flags
 from transforms.prompt import SYSTEM_PROMPT, DecodingParams, cache_key, config_key
+from transforms.sizes import low_detail_size
 
 EngineFactory = Callable[[EngineSettings], PageEngine]
 

@@ -81,6 +81,11 @@ class IntakeDoFn(beam.DoFn):
         return inspect_document(obj, data, self.limits)
 
 
+def is_literal(glob: str) -> bool:
+    """A URI named on its own (no wildcard)."""
+    return not any(c in glob for c in "*?[")
+
+
 def expand_input(pattern: str) -> list[str]:
     """A folder becomes a recursive glob; `@FILE` becomes the URIs it lists (one a line, # comments)."""
     if pattern.startswith("@"):
@@ -89,7 +94,7 @@ def expand_input(pattern: str) -> list[str]:
         return [s for s in (line.strip() for line in lines) if s and not s.startswith("#")]
     if pattern.endswith("/"):
         return [pattern + "**"]
-    if not any(c in pattern for c in "*?[") and _is_dir(pattern):
+    if is_literal(pattern) and _is_dir(pattern):
         return [pattern.rstrip("/") + "/**"]
     return [pattern]
 
@@ -105,7 +110,7 @@ def to_listed(meta: fileio.FileMetadata) -> ListedObject:
 def glob_root(pattern: str) -> str | None:
     """The local folder a wildcard pattern lists (before its first wildcard); None for a path named on
     its own (the caller chose that file, link or not) and for object storage (no symlinks there)."""
-    if "://" in pattern or not any(c in pattern for c in "*?["):
+    if "://" in pattern or is_literal(pattern):
         return None
     head = re.split(r"[*?\[]", pattern, maxsplit=1)[0]
     return os.path.dirname(head) or "."
@@ -131,8 +136,43 @@ def match_pattern(pattern: str) -> Iterator[ListedObject]:
         yield obj
 
 
+def input_globs(patterns: Iterable[str]) -> list[str]:
+    """Every pattern expanded (`expand_input`), each glob once, sorted."""
+    return sorted({g for p in patterns for g in expand_input(p)})
+
+
+def list_glob(glob: str, since: float | None = None, until: float | None = None) -> Iterator[ListedObject]:
+    """One glob's objects modified in the window (`in_window`). A URI named on its own that lists nothing
+    and does not exist is listed as MISSING: a listed object must never vanish silently."""
+    matched = False
+    for obj in match_pattern(glob):
+        matched = True
+        if in_window(obj, since, until):
+            yield obj
+    if not matched and is_literal(glob):
+        yield from _missing(glob)
+
+
+def once_per_uri(objs: Iterable[ListedObject]) -> ListedObject:
+    """One object reached twice: a path both named on its own and reached by a wildcard keeps its real
+    size (named wins over MISSING or OUTSIDE)."""
+    return max(objs, key=lambda o: o.size)
+
+
+def list_matching(patterns: Iterable[str], since: float | None = None,
+                  until: float | None = None) -> list[ListedObject]:
+    """What `ListObjects` lists, without a pipeline (`pagemill estimate`), in URI order: the same globs,
+    `list_glob` and `once_per_uri`."""
+    by_uri: dict[str, list[ListedObject]] = {}
+    for glob in input_globs(patterns):
+        for obj in list_glob(glob, since, until):
+            by_uri.setdefault(obj.uri, []).append(obj)
+    return [once_per_uri(by_uri[uri]) for uri in sorted(by_uri)]
+
+
 class ListObjects(beam.PTransform):
-    """Patterns -> one ListedObject per distinct object (an object reached twice is listed once)."""
+    """Patterns -> one ListedObject per distinct object (an object reached twice is listed once). The
+    rules are `list_glob` and `once_per_uri`, which `list_matching` applies without Beam."""
 
     def __init__(self, patterns: Iterable[str], modified_since: float | None = None,
                  modified_until: float | None = None) -> None:
@@ -141,27 +181,13 @@ class ListObjects(beam.PTransform):
         self.since, self.until = modified_since, modified_until
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
-        globs = [g for p in self.patterns for g in expand_input(p)]
-        listed = (
-            pbegin
-            | "Patterns" >> beam.Create(sorted(set(globs)))
-            | "Match" >> beam.FlatMap(match_pattern)  # an empty match lists nothing (literals: below)
-            | "Spread" >> beam.Reshuffle()
-            | "InWindow" >> beam.Filter(in_window, self.since, self.until)
-        )
-        # A match lists nothing for a literal URI that does not exist; a listed object must never vanish silently.
-        literals = [g for g in globs if not any(c in g for c in "*?[")]
-        missing = (
-            pbegin
-            | "Literals" >> beam.Create(sorted(set(literals)))
-            | "Missing" >> beam.FlatMap(_missing)
-        )
         return (
-            (listed, missing)
-            | "All" >> beam.Flatten()
+            pbegin
+            | "Patterns" >> beam.Create(input_globs(self.patterns))
+            | "Match" >> beam.FlatMap(list_glob, self.since, self.until)
+            | "Spread" >> beam.Reshuffle()
             | "ByUri" >> beam.Map(lambda o: (o.uri, o))
-            # A path both named on its own and reached by a wildcard keeps its real size (named wins).
-            | "OncePerUri" >> beam.CombinePerKey(lambda objs: max(objs, key=lambda o: o.size))
+            | "OncePerUri" >> beam.CombinePerKey(once_per_uri)
             | "Values" >> beam.Values()
         )
 

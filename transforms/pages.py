@@ -22,10 +22,10 @@ from schemas.records import DocumentRecord, PageImage, PageRow
 from schemas.statuses import FAILED
 from transforms.formats import PDFIUM_LOCK, PdfPasswordError, load_pdf, open_image, seek_frame
 from transforms.reading import ObjectReader, ReadConfig, ReadFailed
+from transforms.sizes import MAX_ASPECT, cap_image, padded_size, page_too_large, pdf_render_scale
 from transforms.textlayer import PICTURE_MIN_COVERAGE, TRUNCATED_FLAG, TextEvidence, pdf_text_evidence
 
 FAILED_PAGES = "failed_pages"
-MAX_ASPECT = 100  # well inside the 200:1 that Qwen2-VL's processor accepts, after its own rounding
 MAX_FORM_DEPTH = 8  # nested Form XObjects looked into for images; deeper nesting counts as an image
 MAX_PAGE_OBJECTS = 200_000  # objects looked at per page (cheap ctypes calls); past it, assume an image
 
@@ -50,7 +50,8 @@ class PageError(Exception):
 
 
 def normalise(img: Image.Image, max_side: int) -> Image.Image:
-    """RGB on white, at most max_side on the longest side. Transparent pixels must not turn black."""
+    """RGB on white, at most max_side on the longest side (`transforms.sizes.normalised_size`). Transparent
+    pixels must not turn black."""
     if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
         rgba = img.convert("RGBA")
         flat = Image.new("RGB", rgba.size, (255, 255, 255))
@@ -58,20 +59,14 @@ def normalise(img: Image.Image, max_side: int) -> Image.Image:
         img = flat
     elif img.mode != "RGB":
         img = img.convert("RGB")
-    if max(img.size) > max_side:
-        scale = max_side / max(img.size)
-        size = (max(1, round(img.width * scale)), max(1, round(img.height * scale)))
-        img = img.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
-    return pad_to_aspect(img, MAX_ASPECT)
+    return pad_to_aspect(cap_image(img, max_side), MAX_ASPECT)
 
 
 def pad_to_aspect(img: Image.Image, max_aspect: float) -> Image.Image:
     """Pad a thin strip with white: vision encoders refuse extreme aspect ratios (Qwen2-VL: 200:1)."""
-    long, short = max(img.size), min(img.size)
-    need = -(-long // int(max_aspect))  # ceil: the shortest side that keeps the ratio in bounds
-    if short >= need:
+    size = padded_size(img.width, img.height, max_aspect)
+    if size == img.size:
         return img
-    size = (img.width, need) if img.width >= img.height else (need, img.height)
     padded = Image.new("RGB", size, (255, 255, 255))
     padded.paste(img, (0, 0))
     return padded
@@ -148,9 +143,9 @@ def render_pdf_page(pdf: pdfium.PdfDocument, index: int, s: RenderSettings) -> R
     page = pdf[index]
     try:
         width, height = page.get_size()
-        if max(width, height) > s.max_page_points or min(width, height) <= 0:
+        if page_too_large(width, height, s.max_page_points):
             raise PageError("page_too_large", f"page is {width:.0f}x{height:.0f} pt")
-        scale = min(s.dpi / 72.0, s.max_side / max(width, height))
+        scale = pdf_render_scale(width, height, s.dpi, s.max_side)
         # RGB byte order: PIL's own, so a page that needs no resize is hashed from pdfium's buffer as it
         # is, with no BGR swap and no tobytes() copy.
         bitmap = page.render(scale=scale, may_draw_forms=True, rev_byteorder=True)

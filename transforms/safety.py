@@ -38,7 +38,7 @@ from schemas import statuses
 from schemas.records import DocumentRecord, DocumentRow, PageImage, PageRow
 from transforms.blocklist import Blocklists, Match, load_blocklists, usable_pdq
 from transforms.classifiers import ImageClassifier, load_classifier, load_factory
-from transforms.detail import resize_for_detail
+from transforms.sizes import resize_for_detail
 from transforms.textlayer import PICTURE_MIN_COVERAGE
 
 QUARANTINED = "quarantined"

@@ -18,7 +18,7 @@ from tests import docmaker
 from tests.conftest import CORPUS as SHARED_CORPUS
 from tests.conftest import vllm_available
 from tests.pipelines import cost_runs
-from transforms import budget
+from transforms import budget, sizes
 from transforms.intake import IntakeLimits
 from transforms.pages import RenderSettings, render_document
 
@@ -191,7 +191,6 @@ def test_over_budget_pages_shrink_or_fail(tmp_path: Path, capsys: pytest.Capture
 
 
 def test_detail_follows_the_hints_stage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    detail = pytest.importorskip("transforms.detail")
     (tmp_path / "invoice.pdf").write_bytes(docmaker.invoice_pdf())
     (tmp_path / "scan.png").write_bytes(docmaker.scanned_png())
     full = {Path(p["source_uri"]).name: p for p in
@@ -203,7 +202,7 @@ def test_detail_follows_the_hints_stage(tmp_path: Path, capsys: pytest.CaptureFi
         for p in r["per_page"]:
             name = Path(p["source_uri"]).name
             image = Image.new("RGB", (p["width"], p["height"]))  # the page as rendered, then as extract sends it
-            sent = detail.resize_for_detail(image, 500).size if name in low_names else image.size
+            sent = sizes.resize_for_detail(image, 500).size if name in low_names else image.size
             assert (p["sent_width"], p["sent_height"]) == sent, (mode, name)
             assert p["image_tokens"] == processor_image_tokens(*sent)
             assert p["high_detail_image_tokens"] == full[name]["image_tokens"]
@@ -330,7 +329,7 @@ def test_sample_is_seeded_and_whole_when_small() -> None:
 
 def scanned_doc(uri: str, pages: int) -> object:
     from pipelines.estimate_scan import Scanned
-    from transforms.page_sizes import PageSize
+    from transforms.sizes import PageSize
 
     return Scanned(uri, 1, "accepted", None, uri, "pdf", tuple(PageSize(i, 10, 10, "t") for i in range(pages)))
 

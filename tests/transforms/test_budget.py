@@ -15,6 +15,7 @@ from transforms.budget import (
     claude_image_tokens,
     claude_resized_size,
     estimate_image_tokens,
+    fit_image,
     fit_to_token_budget,
     gemini_image_tokens,
     gpt4o_image_tokens,
@@ -214,6 +215,17 @@ def test_fit_to_token_budget_edges() -> None:
     for budget in (10, 30, 100, 140):
         w, h = fit_to_token_budget(8000, 40, budget)  # type: ignore[misc]
         assert qwen2_vl_image_tokens(w, h) <= budget
+
+
+def test_fit_image_leaves_room_for_the_prompt_and_the_answer() -> None:
+    """The rule `prepare` and `pagemill estimate` share: the image gets what the context has left after the
+    text tokens and --max-tokens; the token counts are Qwen2-VL's grid (28x28 px a token), by hand."""
+    # 1288x1000 -> 1288x1008 -> 46x36 = 1656 tokens: fits exactly in 4000 - 1000 - 1344.
+    assert fit_image(1288, 1000, 1344, 1000, 4000, "qwen2_vl") == (1288, 1000)
+    w, h = fit_image(1288, 1000, 1345, 1000, 4000, "qwen2_vl")  # type: ignore[misc]  # one token short
+    assert (w, h) < (1288, 1000) and qwen2_vl_image_tokens(w, h) <= 1655
+    assert fit_image(1288, 1000, 3000, 1000, 4000, "qwen2_vl") is None  # no room left at all
+    assert fit_image(1288, 1000, 2997, 1000, 4000, "qwen2_vl") is None  # 3 tokens: under Qwen's 4
 
 
 def test_prices_table() -> None:

@@ -405,6 +405,40 @@ def test_list_objects_lists_each_object_once_and_reports_missing_names(tmp_path:
         assert_that(got, equal_to(["a.pdf", "b.png"]))
 
 
+@pytest.mark.parametrize(("since", "until"), [(None, None), (100, 300), (150, None)])
+def test_the_estimate_lists_what_the_pipeline_lists(tmp_path: Path, since: float | None,
+                                                    until: float | None) -> None:
+    """`list_matching` (pagemill estimate) and the `ListObjects` transform give the same objects: a file
+    named twice, a missing name, symlinks in and out of the folder, an @FILE listing and the time window."""
+    import os
+
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from transforms.intake import OUTSIDE, list_matching
+
+    folder = _tree(tmp_path)
+    (folder / "sub").mkdir()
+    (folder / "sub" / "b.png").write_bytes(docmaker.scanned_png())
+    for path, mtime in ((folder / "a.pdf", 100), (folder / "sub" / "b.png", 150),
+                        (tmp_path / "out" / "secret.pdf", 300)):  # the links list their targets' times
+        os.utime(path, (mtime, mtime))
+    listing = tmp_path / "listing.txt"
+    listing.write_text(f"# named\n{folder / 'a.pdf'}\n{tmp_path / 'gone.pdf'}\n")
+    patterns = [str(folder), str(folder / "sub" / "*.png"), f"@{listing}", str(tmp_path / "out" / "gone.pdf")]
+    listed = list_matching(patterns, since, until)
+    assert [o.uri for o in listed] == sorted(o.uri for o in listed)  # each URI once, in order
+    with BeamPipeline() as p:
+        got = p | ListObjects(patterns, modified_since=since, modified_until=until) | beam.Map(
+            lambda o: (o.uri, o.size, o.last_modified))
+        assert_that(got, equal_to([(o.uri, o.size, o.last_modified) for o in listed]))
+    sizes = {Path(o.uri).name: o.size for o in listed}
+    assert sizes["gone.pdf"] == MISSING and ("link.pdf" not in sizes or sizes["link.pdf"] == OUTSIDE)
+    assert ("a.pdf" in sizes) == ("inner.pdf" in sizes) == (since is None or since <= 100)
+    assert ("link.pdf" in sizes) == (until is None)
+
+
 def test_reject_messages_say_what_happened() -> None:
     """The message is what a person reads in the `documents` row: each reason's wording, exactly."""
     obj = ListedObject("s3://b/x", 10)

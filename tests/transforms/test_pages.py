@@ -395,7 +395,8 @@ def test_split_keeps_the_smallest_uri_whatever_the_order() -> None:
 
 
 def test_thin_strip_is_padded_to_a_ratio_vision_models_accept() -> None:
-    from transforms.pages import MAX_ASPECT, normalise
+    from transforms.pages import normalise
+    from transforms.sizes import MAX_ASPECT
 
     strip = normalise(Image.new("RGB", (3000, 5), (0, 0, 0)), 1288)
     assert strip.width == 1288 and strip.width / strip.height <= MAX_ASPECT
