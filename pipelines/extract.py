@@ -21,10 +21,11 @@ from transforms.outcome import DocumentOutcomes
 from transforms.page_ranges import SplitPageRanges
 from transforms.page_work import PageStages
 from transforms.pages import FAILED_PAGES, RenderPagesDoFn, RenderSettings
+from transforms.progress import ProgressDoFn
 from transforms.reading import ObjectReader, read_config
 from transforms.render_worker import RenderLimits, TimedRenderPagesDoFn
 from transforms.safety import QUARANTINED, DocumentGateDoFn, SafetyConfig, SafetyGateDoFn
-from transforms.write import FlushPolicy, ProgressDoFn, WriteTables
+from transforms.write import FlushPolicy, WriteTables
 
 if TYPE_CHECKING:
     from transforms.engine_openai import EndpointSettings
