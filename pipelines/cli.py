@@ -309,7 +309,7 @@ def report_command(argv: Sequence[str]) -> int:
 
 
 def make_test_model_command(argv: Sequence[str]) -> int:
-    from pipelines.test_model import FAMILIES, make_test_model
+    from pipelines.tiny_models import FAMILIES, make_test_model
 
     parser = argparse.ArgumentParser(prog="pagemill make-test-model")
     parser.add_argument("dir")

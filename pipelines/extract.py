@@ -1,4 +1,5 @@
-"""build_pipeline(p, opts, run): the graph of DESIGN.md, stage by stage, and nothing else."""
+"""build_pipeline(p, opts, run): the run's graph (list, intake, safety, dedup, cache, render, hints, extract,
+outcomes, write), stage by stage, and nothing else."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
