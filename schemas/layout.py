@@ -1,4 +1,5 @@
-"""Where each output table's files lie under an output root, and the columns that key its rows.
+"""Where each output table's files lie under an output root, and the columns that key its rows; also
+where the files beside the tables go (`--write-markdown`'s documents, `eval --save`'s results).
 
 `<output>/<table>/tenant=<tenant>/run_id=<run_id>/part-*.parquet`: hive-partitioned by tenant and run,
 so resume, `--force` and compaction touch one (tenant, run id) partition only, and one tenant can never
@@ -37,6 +38,16 @@ def partition(output: str, table: str, tenant: str, run_id: str) -> str:
 def part_glob(output: str, table: str, tenant: str = "*", run_id: str = "*") -> str:
     """The glob of a table's finished part files: of one run, of one tenant, or (`*`) of all."""
     return join_uri(partition(output, table, tenant, run_id), "*" + PART_SUFFIX)
+
+
+def markdown_folder(output: str, tenant: str) -> str:
+    """`--write-markdown`: one `<doc_sha256>.md` a document, per tenant (a document's file spans runs)."""
+    return join_uri(output, "markdown", f"tenant={tenant}")
+
+
+def eval_path(output: str, tenant: str, run_id: str) -> str:
+    """Where `eval --save` keeps a run's result, and where `pagemill report` looks for it."""
+    return join_uri(output, "evals", f"tenant={tenant}", f"run_id={run_id}.json")
 
 
 def is_part_file(path: str) -> bool:

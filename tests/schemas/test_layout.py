@@ -4,7 +4,17 @@ from __future__ import annotations
 import fnmatch
 
 from schemas import tables
-from schemas.layout import TABLE_KEYS, is_part_file, join_uri, part_glob, partition, table_folder, tenant_of
+from schemas.layout import (
+    TABLE_KEYS,
+    eval_path,
+    is_part_file,
+    join_uri,
+    markdown_folder,
+    part_glob,
+    partition,
+    table_folder,
+    tenant_of,
+)
 
 
 def test_paths_under_a_local_root_and_a_uri() -> None:
@@ -13,6 +23,8 @@ def test_paths_under_a_local_root_and_a_uri() -> None:
     assert table_folder("bucket/out", "documents") == "bucket/out/documents"
     assert table_folder("bucket/out", "documents", "acme") == "bucket/out/documents/tenant=acme"
     assert join_uri("", "runs", "r.json") == "runs/r.json" and join_uri("/", "runs") == "runs"
+    assert markdown_folder("s3://b/out/", "acme") == "s3://b/out/markdown/tenant=acme"
+    assert eval_path("/data/out", "acme", "r1") == "/data/out/evals/tenant=acme/run_id=r1.json"
 
 
 def test_globs_match_one_run_one_tenant_or_all() -> None:
