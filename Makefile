@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml scripts/setup_venv.sh
 
 setup: $(VENV)/.installed
 
-$(TEST_MODEL)/config.json: $(VENV)/.installed pipelines/test_model.py
+$(TEST_MODEL)/config.json: $(VENV)/.installed $(wildcard pipelines/tiny_models/*.py)
 	$(VENV)/bin/pagemill make-test-model $(TEST_MODEL)
 
 demo: setup $(TEST_MODEL)/config.json

@@ -40,6 +40,7 @@ from PIL import Image  # noqa: E402
 from pipelines.extract import extract_config  # noqa: E402
 from pipelines.options import PagemillOptions  # noqa: E402
 from schemas import tables  # noqa: E402
+from schemas.layout import partition  # noqa: E402
 from transforms.write import write_rows  # noqa: E402
 
 # A hub-id-shaped name that does not exist. A missing *local* path ("/nonexistent/model") is refused by the
@@ -94,8 +95,7 @@ def write_earlier_run(output: Path, contents: list[bytes], config: str) -> str:
             "model_revision": None, "extraction": "{}", "validation_errors": [], "flags": [],
             "hint_source": "none", "flag_detail": [], "created_at": created,
         })
-    folder = output / "pages" / "tenant=default" / "run_id=seed"
-    return write_rows(str(folder), tables.PAGES, rows, name="part-0.parquet")
+    return write_rows(partition(str(output), "pages", "default", "seed"), tables.PAGES, rows, name="part-0.parquet")
 
 
 def time_listing(folder: Path, n: int) -> float:

@@ -75,7 +75,7 @@ def main() -> None:
         root = Path(tmp)
         model = args.model
         if model is None:
-            from pipelines.test_model import make_test_model
+            from pipelines.tiny_models import make_test_model
 
             model = str(make_test_model(root / "tiny-qwen2-vl"))
         t0 = time.perf_counter()

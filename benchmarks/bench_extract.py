@@ -92,7 +92,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     p.add_argument("--model", default=None,
                    help="local model folder or hub id (in the local HF cache); default: the tiny test model, "
-                        "built into a temp dir with pipelines.test_model.make_test_model")
+                        "built into a temp dir with pipelines.tiny_models.make_test_model")
     p.add_argument("--model-revision", default=None, help="hub revision (a label only, for a local folder)")
     p.add_argument("--model-family", default="qwen2_vl", help="token-estimator family of --model")
     p.add_argument("--pages", type=int, default=32, help="pages to extract (distinct cache keys)")
@@ -312,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-extract-") as tmp:
         model = args.model
         if model is None:
-            from pipelines.test_model import make_test_model
+            from pipelines.tiny_models import make_test_model
 
             model = str(make_test_model(Path(tmp) / "tiny-qwen2-vl"))
         result = run(args, model)

@@ -3,7 +3,7 @@
 vLLM builds Qwen2.5-VL-7B-Instruct's architecture from its public config (written below, no download)
 with load_format="dummy" (random weights, real shapes, real kernels), so the GPU does the work a real
 7B model does for the same prompt and output lengths. The tokenizer and image processor are the tiny
-test model's (pipelines/test_model.py: real Qwen2-VL processor settings, so a page gives the real number
+test model's (pipelines/tiny_models/: real Qwen2-VL processor settings, so a page gives the real number
 of image tokens). Every page decodes exactly --output-tokens tokens (ignore_eos; random weights never
 write sensible JSON, so constrained decoding is off: the figure is the GPU's, not the schema's).
 
@@ -62,7 +62,7 @@ def gpu_present() -> str | None:
 
 def model_dir(folder: Path) -> Path:
     """The tiny model's tokenizer and processor, under a 7B-shaped config."""
-    from pipelines.test_model import make_test_model
+    from pipelines.tiny_models import make_test_model
 
     out = make_test_model(folder / "qwen2.5-vl-7b-shaped")
     tiny = json.loads((out / "config.json").read_text())

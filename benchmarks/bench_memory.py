@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         root = Path(tmp)
         model = a.model
         if model is None:
-            from pipelines.test_model import make_test_model
+            from pipelines.tiny_models import make_test_model
 
             model = str(make_test_model(root / "tiny-model"))
         figures = [(n, *one_run(n, model, root, a.workers)) for n in a.sizes]

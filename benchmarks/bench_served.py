@@ -104,7 +104,7 @@ def main() -> None:
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--json", action="store_true")
     a = parser.parse_args()
-    from pipelines.test_model import make_test_model
+    from pipelines.tiny_models import make_test_model
     from tests.vllm_server import VllmServer
 
     report: dict[str, Any] = {}

@@ -67,7 +67,7 @@ def run_command(argv: Sequence[str]) -> int:
     from pipelines.preflight import preflight
     from pipelines.storage import add_storage_args, configure, storage_from
     from transforms.presets import with_preset
-    from transforms.write import clear_run, compact_run, run_files
+    from transforms.run_root import clear_run, compact_run, run_files, tenant_files
 
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--job", default=None)
@@ -119,7 +119,7 @@ def run_command(argv: Sequence[str]) -> int:
         clear_run(o.output, o.tenant, o.run_id)
     done_files = run_files(o.output, "documents", o.tenant, o.run_id)
     resumed = bool(done_files or run_files(o.output, "pages", o.tenant, o.run_id))
-    earlier_files = [] if o.force else page_files(o.output, o.tenant)
+    earlier_files = [] if o.force else tenant_files(o.output, "pages", o.tenant)  # the result cache's source
     started = dt.datetime.now(dt.UTC)
     run = {"run_id": o.run_id, "tenant": o.tenant, "created_at": started}
     verb = "resuming" if resumed else "reading"
@@ -131,7 +131,7 @@ def run_command(argv: Sequence[str]) -> int:
         result = pipeline.run()
         result.wait_until_finish()
     except Exception as err:  # noqa: BLE001 - one clear line; the runner has logged the traceback
-        from transforms.write import run_failure
+        from transforms.run_root import run_failure
 
         # Not finished: no manifest (a `--since-last-run` nightly must not start after this run), and
         # the rows written so far stay for the resume.
@@ -171,25 +171,12 @@ def run_id_taken(output: str, tenant: str, run_id: str) -> list[str]:
     """A run id belongs to the tenant that first wrote it: another tenant neither resumes, clears nor
     overwrites its manifest (the manifest is `runs/<run_id>.json`, one per run id)."""
     from pipelines.manifest import manifest_tenant
-    from transforms.write import run_tenants
+    from transforms.run_root import run_tenants
 
     owners = run_tenants(output, run_id) | ({manifest_tenant(output, run_id)} - {None})
     if owners - {tenant}:  # the owner is not named: one tenant learns nothing about another
         return [f"--run-id {run_id!r} belongs to another tenant under {output}; choose another run id"]
     return []
-
-
-def page_files(output: str, tenant: str) -> list[str]:
-    """This tenant's finished `pages` files under the output root: the result cache's source."""
-    from apache_beam.io.filesystems import FileSystems
-
-    from transforms.write import join_uri, partition
-
-    pattern = join_uri(partition(output, "pages", tenant, "*"), "*.parquet")
-    try:
-        return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
-    except Exception:  # noqa: BLE001 - no output yet
-        return []
 
 
 def listing_window(o: Any, job_name: str | None, storage: Any) -> tuple[float | None, float | None]:
@@ -322,7 +309,7 @@ def report_command(argv: Sequence[str]) -> int:
 
 
 def make_test_model_command(argv: Sequence[str]) -> int:
-    from pipelines.test_model import FAMILIES, make_test_model
+    from pipelines.tiny_models import FAMILIES, make_test_model
 
     parser = argparse.ArgumentParser(prog="pagemill make-test-model")
     parser.add_argument("dir")

@@ -26,6 +26,7 @@ from typing import Any
 
 from pipelines import sql
 from pipelines.storage import StorageConfig, add_storage_args, configure, storage_from
+from schemas.layout import eval_path
 from schemas.records import model_routes_sql
 from schemas.statuses import DUPLICATE
 
@@ -275,11 +276,6 @@ def cost_figures(ledger: Mapping[str, Any], correct: int) -> dict[str, Any]:
             "usd_per_correct_field": usd / correct if correct else None,
             "gpu_seconds_per_correct_field": gpu / correct if correct else None,
             "api_usd_per_correct_field": api / correct if correct else None}
-
-
-def eval_path(output: str, tenant: str, run_id: str) -> str:
-    """Where `eval --save` keeps a run's result, and where `pagemill report` looks for it."""
-    return f"{output.rstrip('/')}/evals/tenant={tenant}/run_id={run_id}.json"
 
 
 def evaluate(output: str, truth: Sequence[TruthRow], storage: StorageConfig | None = None, run_id: str | None = None,

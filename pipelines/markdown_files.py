@@ -18,6 +18,7 @@ import pyarrow.fs as pafs
 
 from pipelines import sql
 from pipelines.storage import StorageConfig, arrow_filesystem
+from schemas import layout
 
 SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -53,7 +54,7 @@ def write_markdown(output: str, tenant: str, run_id: str, storage: StorageConfig
     finally:
         con.close()
     fs, root = arrow_filesystem(output, storage or StorageConfig())
-    folder = f"{root}/markdown/tenant={tenant}"
+    folder = layout.markdown_folder(root, tenant)
     fs.create_dir(folder, recursive=True)
     docs = _grouped(rows)
     for sha, pages in docs.items():

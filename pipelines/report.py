@@ -195,7 +195,7 @@ ROUTE_OF_STATUS = {OK: "model", INVALID: "model", CACHED: "cache", DUPLICATE: "d
 def accuracy_section(output: str, tenant: str, run_id: str, routes: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """Per-field accuracy, and accuracy beside cost per page by route, from `pagemill eval --save`'s result
     for this run (None when there is none)."""
-    from pipelines.eval import eval_path
+    from schemas.layout import eval_path
 
     path = eval_path(output, tenant, run_id)
     if not FileSystems.exists(path):

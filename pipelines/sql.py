@@ -19,15 +19,9 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from pipelines.storage import StorageConfig, arrow_filesystem
-from schemas import tables
+from schemas import layout, tables
+from schemas.layout import TABLE_KEYS
 
-# The latest row per key wins in the views, so a run resumed under the same run id never shows a row
-# twice. `<table>_all` keeps every raw row: the invariants (one row per key) are checked there.
-TABLE_KEYS = {
-    "documents": ("tenant", "run_id", "source_uri"),
-    "pages": ("tenant", "run_id", "doc_sha256", "page_index"),
-    "ledger": ("tenant", "run_id", "doc_sha256", "page_index"),
-}
 # Cell text that a spreadsheet would run as a formula (OWASP's list: = + - @, and tab / CR before them).
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 RUNS = pa.schema([
@@ -39,12 +33,10 @@ RUNS = pa.schema([
 
 
 def table_files(fs: pafs.FileSystem, root: str, table: str, tenant: str | None = None) -> list[str]:
-    """Finished Parquet files of one table, or of one tenant's partitions (Beam's temporary folders
-    are skipped)."""
-    folder = f"{root}/{table}" + (f"/tenant={tenant}" if tenant is not None else "")
-    selector = pafs.FileSelector(folder, allow_not_found=True, recursive=True)
+    """Finished Parquet files of one table, or of one tenant's partitions."""
+    selector = pafs.FileSelector(layout.table_folder(root, table, tenant), allow_not_found=True, recursive=True)
     return sorted(i.path for i in fs.get_file_info(selector)
-                  if i.type == pafs.FileType.File and i.path.endswith(".parquet") and "beam-temp" not in i.path)
+                  if i.type == pafs.FileType.File and layout.is_part_file(i.path))
 
 
 def runs_table(fs: pafs.FileSystem, root: str, tenant: str | None = None) -> pa.Table:

@@ -76,7 +76,7 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def test_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from pipelines.test_model import make_test_model
+    from pipelines.tiny_models import make_test_model
 
     return make_test_model(tmp_path_factory.mktemp("models") / "tiny-qwen2-vl")
 

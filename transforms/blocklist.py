@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -168,12 +168,3 @@ def usable_pdq(img: Image.Image) -> str | None:
     """The page's PDQ hash when it is good enough to match on, else None."""
     value, quality = pdq_hash(img)
     return value if quality >= PDQ_MIN_QUALITY else None
-
-
-def hamming(a: str, b: str) -> int:
-    return (int(a, 16) ^ int(b, 16)).bit_count()
-
-
-def format_entries(kind: str, values: Iterable[str]) -> str:
-    """A list's text from hashes (what `pagemill sql` gives you: `pdq_hash` or `page_hash` columns)."""
-    return "".join(f"{kind}:{v}\n" for v in values)

@@ -45,10 +45,6 @@ class HeapTrimmer:
         self._last = clock()
         self.trims = 0
 
-    @property
-    def available(self) -> bool:
-        return self._trim is not None
-
     def maybe_trim(self) -> bool:
         now = self.clock()
         if self._trim is None or self.every_s <= 0 or now - self._last < self.every_s:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import re
 
-KINDS = ("email", "phone", "card", "iban", "national_id")
-
 EMAIL = re.compile(r"\b[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63})*\.[A-Za-z]{2,24}\b")
 # International (+CC ...), North-American (NXX) NXX-XXXX or national 0NN NNNN NNNN shapes; separators are
 # required between groups so that plain amounts, dates and invoice numbers do not look like phones.

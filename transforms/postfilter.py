@@ -75,19 +75,6 @@ class SchemaValidator:
         return ValidationResult(True, value, (), None)
 
 
-def parse_and_validate(
-    text: str, schema: ExtractionSchema, finish_reason: str | None, validator: SchemaValidator | None = None
-) -> ValidationResult:
-    """Parse and validate one model output. Pass a `validator` built once for `schema` when validating
-    many outputs; without one, a validator is compiled for this call alone."""
-    if validator is None:
-        validator = SchemaValidator(schema)
-    elif validator.schema.schema_hash != schema.schema_hash:
-        built_for = validator.schema.schema_id
-        raise ValueError(f"the validator was built for schema {built_for!r}, not {schema.schema_id!r}")
-    return validator.parse_and_validate(text, finish_reason)
-
-
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     # json.loads keeps the last of duplicate keys; the text would then mean different things to different
     # readers, so it is not accepted.

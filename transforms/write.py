@@ -1,6 +1,6 @@
-"""Write: the `documents`, `pages` and `ledger` tables as Parquet, hive-partitioned by tenant and run:
-`<output>/<table>/tenant=<tenant>/run_id=<run_id>/part-*.parquet`. Resume, `--force` and compaction
-touch one (tenant, run id) partition only, so one tenant can never resume, clear or rewrite another's.
+"""Write: the `documents`, `pages` and `ledger` tables as Parquet, each run's rows in its own (tenant,
+run id) partition (the layout: schemas/layout.py; a run's partitions are listed, cleared and compacted by
+transforms/run_root.py).
 
 Each table has one Arrow schema (schemas/tables.py). Rows are written as the run goes (every
 `--flush-rows` rows or `--flush-seconds` seconds, and at each bundle's end), each file made visible
@@ -8,11 +8,7 @@ atomically, so readers never see a half-written file and a killed run keeps what
 """
 from __future__ import annotations
 
-import errno
 import logging
-import os
-import re
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -26,82 +22,9 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from schemas import tables
-from schemas.records import DocumentRow, PageRow
+from schemas.layout import join_uri, partition
 
 log = logging.getLogger(__name__)
-
-
-def join_uri(root: str, *parts: str) -> str:
-    return FileSystems.join(root.rstrip("/"), *parts) if root.rstrip("/") else "/".join(parts)
-
-
-def partition(output: str, table: str, tenant: str, run_id: str) -> str:
-    """The folder of one run of one tenant in one table (identifiers are validated by the options)."""
-    return join_uri(output, table, f"tenant={tenant}", f"run_id={run_id}")
-
-
-def run_files(output: str, table: str, tenant: str, run_id: str) -> list[str]:
-    pattern = join_uri(partition(output, table, tenant, run_id), "*.parquet")
-    return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
-
-
-def run_tenants(output: str, run_id: str) -> set[str]:
-    """Tenants that have rows under this run id in any table (a run id belongs to one tenant)."""
-    found = set()
-    for table in tables.TABLES:
-        pattern = join_uri(partition(output, table, "*", run_id), "*.parquet")
-        try:
-            matches = FileSystems.match([pattern])[0].metadata_list
-        except Exception:  # noqa: BLE001 - nothing written yet
-            continue
-        for m in matches:
-            found.update(part.removeprefix("tenant=") for part in m.path.split("/") if part.startswith("tenant="))
-    return found
-
-
-def clear_run(output: str, tenant: str, run_id: str) -> int:
-    """Delete this run's partitions (`--force` over an existing run id starts it afresh)."""
-    removed = 0
-    for table in tables.TABLES:
-        pattern = join_uri(partition(output, table, tenant, run_id), "*")
-        matches = FileSystems.match([pattern])[0].metadata_list
-        if matches:
-            FileSystems.delete([m.path for m in matches])
-            removed += len(matches)
-    return removed
-
-
-def compact_run(output: str, tenant: str, run_id: str) -> dict[str, int]:
-    """Rewrite a resumed run's partitions with the latest row per key and delete the old files, so
-    no (run, document, page) ever has two rows. The new file is written before the old ones go."""
-    from pipelines.sql import TABLE_KEYS
-
-    kept: dict[str, int] = {}
-    for table in tables.TABLES:
-        files = run_files(output, table, tenant, run_id)
-        if len(files) < 2:
-            continue
-        schema = tables.SCHEMAS[table]
-        latest: dict[tuple[Any, ...], dict[str, Any]] = {}
-        for path in files:
-            with FileSystems.open(path) as handle:
-                data = pq.read_table(pa.BufferReader(handle.read()), schema=schema)
-            for row in data.to_pylist():
-                key = tuple(row[k] for k in TABLE_KEYS[table])
-                if key not in latest or _rank(row) >= _rank(latest[key]):
-                    latest[key] = row
-        write_rows(partition(output, table, tenant, run_id), schema, list(latest.values()),
-                   name=f"part-compacted-{uuid.uuid4().hex}.parquet")
-        FileSystems.delete(files)
-        kept[table] = len(latest)
-    return kept
-
-
-def _rank(row: dict[str, Any]) -> tuple[bool, Any]:
-    """Within one run, a row that did the work beats a later `cached` copy of it (a resumed run reuses
-    its own killed attempt's pages): the tokens and cost actually spent must not vanish."""
-    reused = row.get("status") == "cached" or row.get("route") == "cache" or row.get("outcome") == "cached"
-    return (not reused, row["created_at"])
 
 
 @dataclass(frozen=True)
@@ -201,39 +124,6 @@ def _discard(path: str) -> None:
         log.warning("could not remove the partial file %s", path)
 
 
-def run_failure(err: BaseException) -> str:
-    """One line for a run that failed: what went wrong at its root, in words. Pure. Runners wrap a
-    DoFn's exception (in-process as its __cause__, across processes only as text), so both are read."""
-    chain: list[BaseException] = []
-    seen: BaseException | None = err
-    while seen is not None and seen not in chain:
-        chain.append(seen)
-        seen = seen.__cause__ or seen.__context__
-    for exc in chain:
-        if isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS:
-            where = f" ({exc.filename})" if exc.filename else ""
-            return f"{_STORAGE_ERRNOS[exc.errno]}{where}"
-    text = " ".join(str(e) for e in chain)
-    for code, words in _STORAGE_ERRNOS.items():
-        if f"[Errno {code}]" in text or os.strerror(code) in text:
-            return words
-    root = chain[-1]
-    raised = _RAISED.findall(str(root)) if _TRACEBACK in str(root) else []
-    if raised:  # a worker process's traceback as text: its last exception line says what happened
-        return raised[-1].strip()[:300]
-    first = (str(root).strip().splitlines() or [""])[0]
-    return f"{type(root).__name__}: {first}"[:300]
-
-
-_TRACEBACK = "Traceback (most recent call last)"
-_RAISED = re.compile(r"^\s*((?:\w+\.)*\w*(?:Error|Exception|Exit|Interrupt)\b.*)$", re.MULTILINE)
-
-
-_STORAGE_ERRNOS = {errno.ENOSPC: "no space left on the output's storage",
-                   errno.EDQUOT: "the output's storage quota is exhausted",
-                   errno.EROFS: "the output's storage is read-only"}
-
-
 class WriteTable(beam.PTransform):
     """Rows (one PCollection, or the branches of a Flatten) -> Parquet files of one table.
 
@@ -290,42 +180,3 @@ class WriteTables(beam.PTransform):
             "ledger": self.pages
             | "WriteLedger" >> WriteTable(out, "ledger", tenant, run_id, policy, tables.ledger_row, run),
         }
-
-
-class ProgressDoFn(beam.DoFn):
-    """A progress line every few seconds (documents and pages done of those listed, pages/s, ETA) on
-    this worker's stderr, and the same figures as Beam counters, which every runner reports."""
-
-    def __init__(self, every_s: float) -> None:
-        self.every_s = every_s
-        self.pages_done = Metrics.counter("pagemill", "pages_done")
-        self.documents_done = Metrics.counter("pagemill", "documents_done")
-
-    def setup(self) -> None:
-        self.pages = 0
-        self.documents = 0
-        self.started = time.monotonic()
-        self.last = self.started
-
-    def process(self, row: DocumentRow | PageRow, listed: int = 0, pages_total: int = 0) -> Iterator[None]:
-        if isinstance(row, PageRow):
-            self.pages += 1
-            self.pages_done.inc()
-        else:
-            self.documents += 1
-            self.documents_done.inc()
-        now = time.monotonic()
-        if self.every_s > 0 and now - self.last >= self.every_s:
-            self.last = now
-            print("pagemill: " + progress_line(self.documents, listed, self.pages, pages_total, now - self.started),
-                  file=sys.stderr, flush=True)
-        return iter(())
-
-
-def progress_line(documents: int, listed: int, pages: int, pages_total: int, seconds: float) -> str:
-    """Pure: e.g. `3/10 documents, 40/120 pages, 2.0 pages/s, ETA 40 s`."""
-    rate = pages / max(seconds, 1e-9)
-    line = f"{documents}/{listed} documents, {pages}/{pages_total} pages, {rate:.1f} pages/s"
-    if rate > 0 and pages_total > pages:
-        line += f", ETA {(pages_total - pages) / rate:.0f} s"
-    return line

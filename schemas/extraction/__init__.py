@@ -63,10 +63,6 @@ class ExtractionSchema:
     schema: Mapping[str, Any] = field(compare=False)  # read-only by convention; schema_hash stands for it
     source: str = field(compare=False)
 
-    @property
-    def json_text(self) -> str:  # compact, keys in authored order: xgrammar emits properties in this order
-        return json.dumps(self.schema, separators=(",", ":"), ensure_ascii=False)
-
 
 def canonical_json(schema: Any) -> str:  # sorted keys: what schema_hash hashes
     return json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

@@ -18,7 +18,6 @@ import apache_beam as beam
 import pytest
 
 from pipelines import sql
-from pipelines.cli import page_files
 from pipelines.extract import build_pipeline
 from pipelines.options import PagemillOptions
 from tests import docmaker
@@ -26,6 +25,7 @@ from tests.conftest import vllm_available
 from tests.pipelines.test_safety_pipeline import ProbeEngine
 from tests.transforms.test_safety import _gradient, encode, photo
 from transforms.classifiers import NudeNetClassifier
+from transforms.run_root import tenant_files
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,
               pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")]
@@ -46,7 +46,7 @@ def run_once(root: Path, model: Path, run_id: str, extra: list[str]) -> list[dic
         "--kv-cache-gib", "0.25", "--max-side", "800", "--progress-every-s", "0", "--hints", "text_layer",
         "--nsfw-classifier", "nudenet", *extra])
     o = options.view_as(PagemillOptions)
-    earlier = page_files(str(output), o.tenant)  # as `pagemill run` lists the result cache
+    earlier = tenant_files(str(output), "pages", o.tenant)  # as `pagemill run` lists the result cache
     with beam.Pipeline(options=options) as p:
         build_pipeline(p, o, {"run_id": run_id, "tenant": o.tenant, "created_at": dt.datetime.now(dt.UTC)},
                        earlier_files=earlier, engine_factory=functools.partial(ProbeEngine, log=str(log)))

@@ -23,7 +23,7 @@ FLAGS = ["--preset", "olmocr", "--max-tokens", str(MAX_TOKENS), "--kv-cache-gib"
 
 @pytest.fixture(scope="module")
 def qwen25_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from pipelines.test_model import make_test_model
+    from pipelines.tiny_models import make_test_model
 
     return make_test_model(tmp_path_factory.mktemp("models") / "tiny-qwen2.5-vl", family="qwen2_5_vl")
 

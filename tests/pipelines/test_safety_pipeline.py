@@ -28,8 +28,8 @@ from pipelines.options import PagemillOptions
 from tests import docmaker
 from tests.conftest import vllm_available
 from tests.transforms.test_hints import RecordingOcr
-from tests.transforms.test_safety import _gradient, encode, photo
-from transforms.blocklist import hamming, pdq_hash, usable_pdq
+from tests.transforms.test_safety import _gradient, encode, hamming, photo
+from transforms.blocklist import pdq_hash, usable_pdq
 from transforms.classifiers import NudeNetClassifier
 from transforms.engine import Engine
 from transforms.ocr import available_languages

@@ -20,6 +20,7 @@ from pipelines import cli, option_checks, sql
 from pipelines.extract import extract_config
 from pipelines.options import PagemillOptions, merge_flags
 from schemas import tables
+from schemas.layout import partition
 from schemas.records import ListedObject
 from tests import docmaker
 from transforms.intake import in_window
@@ -205,7 +206,7 @@ def _seed_pages(output: Path, pages: dict[bytes, list[int]], decoys: dict[bytes,
     for data, i in decoys.items():
         seeded += [row(data, i, status="failed", extraction=None, reason_code="engine_error"),
                    row(data, i, tenant="acme"), row(data, i, config_key="another-config")]
-    write_rows(str(output / "pages" / "tenant=default" / "run_id=seed"), tables.PAGES, seeded, name="part-0.parquet")
+    write_rows(partition(str(output), "pages", "default", "seed"), tables.PAGES, seeded, name="part-0.parquet")
 
 
 @pytest.mark.slow

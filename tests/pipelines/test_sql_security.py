@@ -12,7 +12,8 @@ import pytest
 
 from pipelines import cli, sql
 from schemas import tables
-from transforms.write import partition, write_rows
+from schemas.layout import partition
+from transforms.write import write_rows
 
 HOSTILE_URI = "s3://b/\x1b]0;pwned\x07report\x1b[2J.pdf"
 FORMULA = "=HYPERLINK(\"http://x.invalid\",\"click\")"

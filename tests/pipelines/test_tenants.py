@@ -14,9 +14,11 @@ import pytest
 
 from pipelines import cli, queries, report, sql
 from schemas import tables
+from schemas.layout import partition
 from tests import docmaker
 from tests.pipelines.raw import raw_rows
-from transforms.write import partition, write_rows
+from transforms.run_root import tenant_files
+from transforms.write import write_rows
 
 EARLY = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 LATE = dt.datetime(2026, 1, 2, tzinfo=dt.UTC)
@@ -153,9 +155,9 @@ def test_result_cache_lists_only_the_runs_own_tenant(tmp_path: Path) -> None:
     out = tmp_path / "out"
     for tenant in ("acme", "globex"):
         write_rows(partition(str(out), "pages", tenant, "r1"), tables.PAGES, [{"run_id": "r1", "tenant": tenant}])
-    (acme,) = cli.page_files(str(out), "acme")
+    (acme,) = tenant_files(str(out), "pages", "acme")
     assert "/tenant=acme/run_id=r1/" in acme
-    assert cli.page_files(str(out), "initech") == []
+    assert tenant_files(str(out), "pages", "initech") == []
 
 
 @pytest.mark.parametrize("flag, value", [("--run-id", "../../x"), ("--run-id", "a/b"), ("--run-id", ".hidden"),

@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 
 from pipelines import sql
 from schemas import tables
+from schemas.layout import partition
 from schemas.records import PageRow
-from transforms.write import partition
 
 NEW = ("markdown", "primary_language", "is_rotation_valid", "rotation_correction", "is_table", "is_diagram")
 

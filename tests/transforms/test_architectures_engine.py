@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.vllm,
 @pytest.fixture(scope="module", params=["llava_next", "internvl", "idefics3"])
 def model(request: pytest.FixtureRequest,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Engine, EngineSettings, Path]]:
-    from pipelines.test_model import make_test_model
+    from pipelines.tiny_models import make_test_model
 
     folder = make_test_model(tmp_path_factory.mktemp("models") / f"tiny-{request.param}", family=request.param)
     settings = EngineSettings(model=str(folder), model_revision="test", max_model_len=8192, max_num_seqs=8,

@@ -345,9 +345,7 @@ def test_outcome_all_invalid_without_reasons() -> None:
 
 
 def test_outcome_all_quarantined() -> None:
-    # The safety stage's reason codes (DESIGN.md: blocked_hash, blocked_nsfw) are not in REASON_CODES yet,
-    # so this calls document_outcome directly rather than through _outcome's vocabulary check.
-    row = document_outcome(DOC, Counter({"quarantined": 4}), Counter({"blocked_hash": 4}))
+    row = _outcome({"quarantined": 4}, {"blocked_hash": 4})
     assert (row.outcome, row.reason_code) == ("quarantined", "blocked_hash")
     assert row.message == "4 quarantined of 4 pages"
 

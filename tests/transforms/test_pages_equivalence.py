@@ -21,8 +21,9 @@ from PIL import Image
 
 from schemas.records import DocumentRecord, PageImage
 from tests.transforms.test_picture_pages import corpus_pdfs
+from tests.transforms.test_safety import hamming
 from transforms import injection, prompt
-from transforms.blocklist import PDQ_MIN_QUALITY, PDQ_SIDE, hamming, thumbnail_size, usable_pdq
+from transforms.blocklist import PDQ_MIN_QUALITY, PDQ_SIDE, thumbnail_size, usable_pdq
 from transforms.formats import load_pdf
 from transforms.hints import HintSettings, choose_hint
 from transforms.pages import RenderSettings, encode_page, normalise, render_document

@@ -17,7 +17,6 @@ from transforms.postfilter import (
     TRUNCATED,
     SchemaValidator,
     ValidationResult,
-    parse_and_validate,
 )
 
 PAGE = {"language": "en", "lines": ["INVOICE No. 42", "Total: 10.50 EUR"], "tables": []}
@@ -37,14 +36,6 @@ def page_text() -> SchemaValidator:
 def test_valid_output(page_text: SchemaValidator, finish_reason: str | None) -> None:
     # "length" with a complete document: json.loads proves it was complete, so it stands.
     assert page_text.parse_and_validate(PAGE_TEXT, finish_reason) == ValidationResult(True, PAGE, (), None)
-
-
-def test_function_form_matches_the_validator(page_text: SchemaValidator) -> None:
-    schema = load_schema("page_text")
-    assert parse_and_validate(PAGE_TEXT, schema, "stop") == page_text.parse_and_validate(PAGE_TEXT, "stop")
-    assert parse_and_validate("{", schema, "stop", validator=page_text).reason_code == INVALID_JSON
-    with pytest.raises(ValueError, match="built for schema 'page_text', not 'invoice'"):
-        parse_and_validate(PAGE_TEXT, load_schema("invoice"), "stop", validator=page_text)
 
 
 def test_validator_pickles(page_text: SchemaValidator) -> None:

@@ -16,7 +16,6 @@ from tests import docmaker
 from tests.conftest import CORPUS
 from transforms.blocklist import (
     BlocklistError,
-    hamming,
     load_blocklists,
     parse_blocklist,
     pdq_hash,
@@ -48,6 +47,11 @@ NSFW_MARGIN = 0.08
 NUDENET_VERSIONS = "nudenet 3.4.2, onnxruntime 1.32.0, opencv-python-headless 5.0.0.93, Pillow 12.3.0"
 SETTINGS = RenderSettings(dpi=100, max_side=1000, jpeg_quality=90, max_text_chars=5000, max_page_points=14400,
                           max_image_pixels=89_478_485, max_bytes=2**26)
+
+
+def hamming(a: str, b: str) -> int:
+    """Bits that differ between two PDQ hashes (hex): worked out here, apart from the blocklist's matcher."""
+    return (int(a, 16) ^ int(b, 16)).bit_count()
 
 
 def photo(seed: int, size: tuple[int, int] = (640, 480)) -> Image.Image:

@@ -19,7 +19,7 @@ SIZES += [(random.randint(28, 3000), random.randint(28, 3000)) for _ in range(40
 @pytest.fixture(scope="module",
                 params=[("llava_next", "<image>"), ("internvl", "<IMG_CONTEXT>"), ("idefics3", "<image>")])
 def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    from pipelines.test_model import make_test_model
+    from pipelines.tiny_models import make_test_model
 
     family, token = request.param
     return make_test_model(tmp_path_factory.mktemp(family) / f"tiny-{family}", family=family), token

@@ -1,4 +1,5 @@
-"""Tests for pipelines/test_model.py: the tiny random Qwen2-VL model used by engine tests."""
+"""The tiny random models of pipelines/tiny_models/ (Qwen2-VL, the default, used by the engine tests, and the
+other families from the command line)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.test_model import make_test_model
+from pipelines.tiny_models import make_test_model
 
 
 def _hashes(folder: Path) -> dict[str, str]:

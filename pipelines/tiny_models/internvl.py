@@ -2,12 +2,15 @@
 
 The processor settings are InternVL's: 448 px tiles, 1 to 12 tiles by aspect ratio plus a thumbnail, patch
 14 and downsample ratio 0.5, so 256 `<IMG_CONTEXT>` tokens a tile: a page gets as many image tokens as with
-the production model. Built like the other test models (pipelines/test_model.py): local tokenizer, seeded
-random weights, no hub.
+the production model. Built like every tiny model (common.py): local tokenizer, seeded random
+weights, no hub.
 """
 from __future__ import annotations
 
 from pathlib import Path
+
+from pipelines.tiny_models.common import MAX_POSITION_EMBEDDINGS, build_tokenizer, save_seeded_model
+from pipelines.tiny_models.qwen2_vl import QWEN2_VL_CHAT_TEMPLATE
 
 TILE = 448
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>", "<video>")
@@ -17,8 +20,6 @@ EXTRA_TOKENS = {"start_image_token": "<img>", "end_image_token": "</img>", "cont
 
 
 def _chat_template() -> str:
-    from pipelines.test_model import QWEN2_VL_CHAT_TEMPLATE
-
     return (QWEN2_VL_CHAT_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<IMG_CONTEXT>")
             .replace("<|vision_start|><|video_pad|><|vision_end|>", "<video>"))
 
@@ -33,9 +34,7 @@ def make_internvl(out: Path, seed: int) -> Path:
     )
     from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
 
-    from pipelines.test_model import MAX_POSITION_EMBEDDINGS, _build_tokenizer, save_seeded_model
-
-    _build_tokenizer(out, seed, SPECIAL_TOKENS, _chat_template())
+    build_tokenizer(out, seed, SPECIAL_TOKENS, _chat_template())
     tok = PreTrainedTokenizerFast.from_pretrained(out, extra_special_tokens=EXTRA_TOKENS)
     tok.save_pretrained(out)
     vocab = tok.get_vocab()

@@ -2,8 +2,8 @@
 
 The processor settings are those of llava-hf/llava-v1.6-*: 336 px tiles, patch 14, the five grid
 pinpoints, "default" feature selection (the CLS embedding dropped), so a page gets as many `<image>`
-tokens as it would with the production model. Built like the Qwen test models (pipelines/test_model.py):
-locally trained tokenizer, seeded random weights, no hub.
+tokens as it would with the production model. Built like every tiny model (common.py): locally trained
+tokenizer, seeded random weights, no hub.
 """
 from __future__ import annotations
 
@@ -11,15 +11,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pipelines.tiny_models.common import MAX_POSITION_EMBEDDINGS, build_tokenizer, save_seeded_model
+from pipelines.tiny_models.qwen2_vl import QWEN2_VL_CHAT_TEMPLATE
+
 TILE = 336
 PATCH = 14
 GRID_PINPOINTS = [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>")
 
 
-def _chat_template() -> str:
-    from pipelines.test_model import QWEN2_VL_CHAT_TEMPLATE
-
+def chat_template() -> str:
+    """Qwen2-VL's template with LLaVA's single `<image>` placeholder."""
     return QWEN2_VL_CHAT_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<image>")
 
 
@@ -46,7 +48,7 @@ def _processor(out: Path, tok: Any) -> None:
                                        image_grid_pinpoints=GRID_PINPOINTS)
     proc = LlavaNextProcessor(image_processor=image, tokenizer=tok, patch_size=PATCH,
                               vision_feature_select_strategy="default", num_additional_image_tokens=1,
-                              chat_template=_chat_template())
+                              chat_template=chat_template())
     proc.save_pretrained(out)
     # The generic class name: the torchvision backend where it works, PIL elsewhere. transformers 5 nests
     # the image processor in processor_config.json; a flat preprocessor_config.json is written as well,
@@ -68,9 +70,7 @@ def _processor(out: Path, tok: Any) -> None:
 def make_llava_next(out: Path, seed: int) -> Path:
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaNextConfig, LlavaNextForConditionalGeneration
 
-    from pipelines.test_model import MAX_POSITION_EMBEDDINGS, _build_tokenizer, save_seeded_model
-
-    tok = _build_tokenizer(out, seed, SPECIAL_TOKENS, _chat_template())
+    tok = build_tokenizer(out, seed, SPECIAL_TOKENS, chat_template())
     vocab = tok.get_vocab()
     vocab_size = ((len(tok) + 63) // 64) * 64
     text = LlamaConfig(vocab_size=vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=2,

@@ -1,0 +1,64 @@
+"""Where each output table's files lie under an output root, and the columns that key its rows; also
+where the files beside the tables go (`--write-markdown`'s documents, `eval --save`'s results).
+
+`<output>/<table>/tenant=<tenant>/run_id=<run_id>/part-*.parquet`: hive-partitioned by tenant and run,
+so resume, `--force` and compaction touch one (tenant, run id) partition only, and one tenant can never
+resume, clear or rewrite another's. Pure path arithmetic on local paths and URIs (s3://, file://);
+listing is left to the caller's filesystem (Beam's FileSystems or pyarrow's).
+"""
+from __future__ import annotations
+
+# One row per key: the SQL views keep the latest row per key, and compaction of a resumed run keeps
+# one, so a run resumed under the same run id never shows a row twice.
+TABLE_KEYS: dict[str, tuple[str, ...]] = {
+    "documents": ("tenant", "run_id", "source_uri"),
+    "pages": ("tenant", "run_id", "doc_sha256", "page_index"),
+    "ledger": ("tenant", "run_id", "doc_sha256", "page_index"),
+}
+PART_SUFFIX = ".parquet"
+
+
+def join_uri(root: str, *parts: str) -> str:
+    """`root/part/...`; an empty root (or `/` alone) gives the parts as a relative path."""
+    base = root.rstrip("/")
+    return "/".join((base, *parts)) if base else "/".join(parts)
+
+
+def table_folder(output: str, table: str, tenant: str | None = None) -> str:
+    """The folder of one table, or of one tenant's partitions of it."""
+    return join_uri(output, table) if tenant is None else join_uri(output, table, f"tenant={tenant}")
+
+
+def partition(output: str, table: str, tenant: str, run_id: str) -> str:
+    """The folder of one run of one tenant in one table (identifiers are validated by the options).
+    `*` for the tenant or the run id makes it a glob."""
+    return join_uri(output, table, f"tenant={tenant}", f"run_id={run_id}")
+
+
+def part_glob(output: str, table: str, tenant: str = "*", run_id: str = "*") -> str:
+    """The glob of a table's finished part files: of one run, of one tenant, or (`*`) of all."""
+    return join_uri(partition(output, table, tenant, run_id), "*" + PART_SUFFIX)
+
+
+def markdown_folder(output: str, tenant: str) -> str:
+    """`--write-markdown`: one `<doc_sha256>.md` a document, per tenant (a document's file spans runs)."""
+    return join_uri(output, "markdown", f"tenant={tenant}")
+
+
+def eval_path(output: str, tenant: str, run_id: str) -> str:
+    """Where `eval --save` keeps a run's result, and where `pagemill report` looks for it."""
+    return join_uri(output, "evals", f"tenant={tenant}", f"run_id={run_id}.json")
+
+
+def is_part_file(path: str) -> bool:
+    """A finished part file: in-progress files (`.inprogress`) and Beam's temporary folders are not."""
+    return path.endswith(PART_SUFFIX) and "beam-temp" not in path
+
+
+def tenant_of(path: str) -> str | None:
+    """The tenant a part file's path names (its last `tenant=` folder: the output root may hold one too),
+    or None."""
+    for part in reversed(path.split("/")):
+        if part.startswith("tenant="):
+            return part.removeprefix("tenant=")
+    return None
