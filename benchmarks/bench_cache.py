@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 from apache_beam.io.filesystems import FileSystems  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from pipelines.extract import extract_config  # noqa: E402
+from pipelines.graph import extract_config  # noqa: E402
 from pipelines.options import PagemillOptions  # noqa: E402
 from schemas import tables  # noqa: E402
 from transforms.write import write_rows  # noqa: E402

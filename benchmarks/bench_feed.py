@@ -61,7 +61,7 @@ def one_run(kind: str, pages: int, slots: int, seconds: float) -> dict[str, Any]
     import apache_beam as beam
 
     from pipelines import sql
-    from pipelines.extract import build_pipeline
+    from pipelines.graph import build_pipeline
     from pipelines.options import PagemillOptions
     from transforms.engine_sim import simulated
 

@@ -53,7 +53,7 @@ def run_command(argv: Sequence[str]) -> int:
     from apache_beam.options.pipeline_options import GoogleCloudOptions
 
     from pipelines.exit_codes import exit_code
-    from pipelines.extract import build_pipeline
+    from pipelines.graph import build_pipeline
     from pipelines.manifest import build_manifest, run_counts, write_manifest
     from pipelines.option_checks import check_options
     from pipelines.options import (

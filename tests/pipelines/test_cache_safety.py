@@ -19,7 +19,7 @@ import pytest
 
 from pipelines import sql
 from pipelines.cli import page_files
-from pipelines.extract import build_pipeline
+from pipelines.graph import build_pipeline
 from pipelines.options import PagemillOptions
 from tests import docmaker
 from tests.conftest import vllm_available

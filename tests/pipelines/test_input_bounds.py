@@ -10,7 +10,7 @@ from typing import Any
 import apache_beam as beam
 
 from pipelines import sql
-from pipelines.extract import build_pipeline
+from pipelines.graph import build_pipeline
 from pipelines.options import PagemillOptions
 from tests import docmaker
 

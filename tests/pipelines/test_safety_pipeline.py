@@ -22,7 +22,7 @@ import pytest
 from PIL import Image
 
 from pipelines import sql
-from pipelines.extract import build_pipeline
+from pipelines.graph import build_pipeline
 from pipelines.manifest import run_counts
 from pipelines.options import PagemillOptions
 from tests import docmaker

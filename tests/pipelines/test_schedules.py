@@ -17,7 +17,7 @@ import pytest
 from apache_beam.options.pipeline_options import GoogleCloudOptions
 
 from pipelines import cli, option_checks, sql
-from pipelines.extract import extract_config
+from pipelines.graph import extract_config
 from pipelines.options import PagemillOptions, merge_flags
 from schemas import tables
 from schemas.records import ListedObject

@@ -42,7 +42,7 @@ def rows(output: Path, query: str) -> list[dict]:
 
 
 def test_options_choose_the_route_and_the_requests_in_flight() -> None:
-    from pipelines.extract import endpoint_settings, extract_config, model_route
+    from pipelines.graph import endpoint_settings, extract_config, model_route
     from pipelines.options import PagemillOptions
 
     def opts(*flags: str) -> PagemillOptions:

@@ -17,7 +17,7 @@ import apache_beam as beam
 import pytest
 
 from pipelines import cli
-from pipelines.extract import build_pipeline
+from pipelines.graph import build_pipeline
 from pipelines.options import PagemillOptions
 from tests import docmaker
 from tests.conftest import CORPUS
