@@ -267,7 +267,7 @@ def hosted_prices(to_model: Sequence[PagePlan], tokens: dict[str, int], prices: 
 def route_cost(o: PagemillOptions, self_hosted_usd: float, hosted: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """What this run's route would cost (the ledger's `route` of its model pages): the in-process engine or a
     served endpoint at --gpu-hourly-usd, or a hosted API (--endpoint-kind hosted) at --api-price's list price."""
-    from pipelines.graph import model_route
+    from pipelines.settings import model_route
 
     route = model_route(o)
     if route.startswith(API_ROUTE_PREFIX):

@@ -138,9 +138,10 @@ def render_decisions(docs: Sequence[Scanned], o: Any, detail: str, hints: str, s
     --detail auto, or hints that OCR. None with --sample-pages 0 (nothing rendered: the text-layer guess)."""
     if sample_pages <= 0 or (detail != "auto" and hints not in ("auto", "ocr")):
         return None
-    from pipelines.graph import hint_settings, render_settings  # the run's own settings (one home)
+    from pipelines.settings import run_settings  # the run's own settings (one home)
 
-    return decide(docs, render_settings(o), hint_settings(o), sample_pages, seed)
+    s = run_settings(o)
+    return decide(docs, s.render, s.hints, sample_pages, seed)
 
 
 def detail_summary(to_model: Sequence[Any], decisions: Decisions | None, detail: str) -> dict[str, Any]:

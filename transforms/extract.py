@@ -43,7 +43,7 @@ class ExtractConfig:
     tenant: str
     model: str
     model_revision: str | None
-    render_key: str
+    render_key: str  # the key of the settings before the model (render, gate, hints): pipelines/settings.py
     model_family: Any  # a family name, or a transforms.token_math.ImageTokenRule (the model folder's settings)
     max_model_len: int
     max_tokens: int
@@ -63,8 +63,7 @@ class ExtractConfig:
 
     @property
     def config_key(self) -> str:
-        return config_key(self.model, self.model_revision, self.schema.schema_id, self.schema.schema_hash,
-                          self.decoding, self.tenant, self.render_key)
+        return config_key(self)
 
 
 def in_flight_limit(cfg: ExtractConfig, engine: EngineSettings, cpu: bool) -> int:

@@ -17,8 +17,8 @@ import pytest
 from apache_beam.options.pipeline_options import GoogleCloudOptions
 
 from pipelines import cli, option_checks, sql
-from pipelines.graph import extract_config
 from pipelines.options import PagemillOptions, merge_flags
+from pipelines.settings import run_settings
 from schemas import tables
 from schemas.records import ListedObject
 from tests import docmaker
@@ -216,7 +216,7 @@ def test_document_cache_without_the_engine(tmp_path: Path) -> None:
     complete_uri = _write(inputs / "complete.pdf", complete)
     incomplete_uri = _write(inputs / "incomplete.pdf", incomplete)
     flags = ["--model", MISSING_MODEL, "--schema", "invoice"]
-    config = extract_config(_options(flags)[0]).config_key
+    config = run_settings(_options(flags)[0]).extract.config_key
     _seed_pages(output, {complete: [0, 1, 2], incomplete: [0]}, {incomplete: 1}, config,
                 dt.datetime(2024, 1, 1, tzinfo=UTC))
 
