@@ -222,6 +222,13 @@ def _nearest(name: str, known: Sequence[str]) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
+def own_option_names() -> frozenset[str]:
+    """The names (dests) of pagemill's own options, PagemillOptions."""
+    parser = argparse.ArgumentParser(add_help=False)
+    PagemillOptions._add_argparse_args(parser)
+    return frozenset(a.dest for a in parser._actions)
+
+
 def check_flags(flags: Sequence[str], where: str = "") -> list[str]:
     """Problems with command-line flags: unknown names (with the nearest known one), stray values and
     values of the wrong type. Empty when every flag is known and parses."""

@@ -18,9 +18,9 @@ import apache_beam as beam
 import pytest
 
 from pipelines import sql
-from pipelines.cli import page_files
 from pipelines.graph import build_pipeline
 from pipelines.options import PagemillOptions
+from pipelines.run import page_files
 from pipelines.settings import run_settings
 from tests import docmaker
 from tests.conftest import vllm_available

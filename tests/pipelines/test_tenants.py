@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from pipelines import cli, queries, report, sql
+from pipelines.run import page_files
 from schemas import tables
 from tests import docmaker
 from tests.pipelines.raw import raw_rows
@@ -153,9 +154,9 @@ def test_result_cache_lists_only_the_runs_own_tenant(tmp_path: Path) -> None:
     out = tmp_path / "out"
     for tenant in ("acme", "globex"):
         write_rows(partition(str(out), "pages", tenant, "r1"), tables.PAGES, [{"run_id": "r1", "tenant": tenant}])
-    (acme,) = cli.page_files(str(out), "acme")
+    (acme,) = page_files(str(out), "acme")
     assert "/tenant=acme/run_id=r1/" in acme
-    assert cli.page_files(str(out), "initech") == []
+    assert page_files(str(out), "initech") == []
 
 
 @pytest.mark.parametrize("flag, value", [("--run-id", "../../x"), ("--run-id", "a/b"), ("--run-id", ".hidden"),
