@@ -37,8 +37,8 @@ sys.path.insert(0, str(REPO))
 from apache_beam.io.filesystems import FileSystems  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from pipelines.extract import extract_config  # noqa: E402
 from pipelines.options import PagemillOptions  # noqa: E402
+from pipelines.settings import run_settings  # noqa: E402
 from schemas import tables  # noqa: E402
 from schemas.layout import partition  # noqa: E402
 from transforms.write import write_rows  # noqa: E402
@@ -80,7 +80,7 @@ def make_files(folder: Path, n: int) -> list[bytes]:
 
 def config_key(flags: list[str]) -> str:
     """The config key that `pagemill run` computes from the same flags."""
-    return extract_config(PagemillOptions(flags).view_as(PagemillOptions)).config_key
+    return run_settings(PagemillOptions(flags).view_as(PagemillOptions)).extract.config_key
 
 
 def write_earlier_run(output: Path, contents: list[bytes], config: str) -> str:

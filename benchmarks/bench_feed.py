@@ -61,8 +61,9 @@ def one_run(kind: str, pages: int, slots: int, seconds: float) -> dict[str, Any]
     import apache_beam as beam
 
     from pipelines import sql
-    from pipelines.extract import build_pipeline
+    from pipelines.graph import build_pipeline
     from pipelines.options import PagemillOptions
+    from pipelines.settings import run_settings
     from transforms.engine_sim import simulated
 
     with tempfile.TemporaryDirectory(prefix="bench-feed-") as tmp:
@@ -76,7 +77,7 @@ def one_run(kind: str, pages: int, slots: int, seconds: float) -> dict[str, Any]
         started = dt.datetime.now(dt.UTC)
         t0 = time.perf_counter()
         with beam.Pipeline(options=options) as p:
-            build_pipeline(p, o, {"run_id": "feed", "tenant": o.tenant, "created_at": started},
+            build_pipeline(p, run_settings(o), {"run_id": "feed", "tenant": o.tenant, "created_at": started},
                            engine_factory=functools.partial(simulated, slots=slots, seconds=seconds))
         wall = time.perf_counter() - t0
         columns, values = sql.query(str(output), "SELECT rendered_at, extracted_at, status FROM pages")

@@ -30,11 +30,12 @@ from pipelines.estimate_scan import (
 )
 from pipelines.option_checks import epoch
 from pipelines.options import PagemillOptions
+from pipelines.settings import run_settings
 from pipelines.storage import StorageConfig
 from schemas.extraction import ExtractionSchema
 from schemas.records import API_ROUTE_PREFIX
 from transforms import budget
-from transforms.intake import IntakeLimits, list_matching
+from transforms.intake import list_matching
 from transforms.outputs import MarkdownFormat, load_output
 from transforms.prompt import SYSTEM_PROMPT, chat_messages, clean_hint, control_tokens, user_text
 from transforms.sizes import low_detail_size
@@ -260,7 +261,7 @@ def hosted_prices(to_model: Sequence[PagePlan], tokens: dict[str, int], prices: 
 def route_cost(o: PagemillOptions, self_hosted_usd: float, hosted: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """What this run's route would cost (the ledger's `route` of its model pages): the in-process engine or a
     served endpoint at --gpu-hourly-usd, or a hosted API (--endpoint-kind hosted) at --api-price's list price."""
-    from pipelines.extract import model_route
+    from pipelines.settings import model_route
 
     route = model_route(o)
     if route.startswith(API_ROUTE_PREFIX):
@@ -287,8 +288,9 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
     t_setup = time.perf_counter()  # the schema check imports the grammar compiler: seconds, once
     objects = list_matching(o.input, epoch(o.modified_since), epoch(o.modified_until))
     t_list = time.perf_counter()
-    settings = ScanSettings(IntakeLimits(o.max_bytes, o.max_pages, o.max_image_pixels), o.dpi, o.max_side,
-                            o.max_page_points, o.max_text_chars, read_text)
+    run = run_settings(o)  # the run's own settings (one home: pipelines/settings.py)
+    settings = ScanSettings(run.intake, run.render.dpi, run.render.max_side, run.render.max_page_points,
+                            run.render.max_text_chars, read_text)
     scanned = scan(objects, settings, workers)
     t_scan = time.perf_counter()
     dup = duplicates(scanned)
@@ -300,7 +302,7 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
     prompt, policy = PromptTokens(o.model, o.model_revision, schema, markdown), HintPolicy.of(o)
     todo = [d for d in kept if d.doc_sha256 not in cached]
     t_prompt = time.perf_counter()
-    decisions = render_decisions(todo, o, policy.detail, policy.hints, sample_pages, sample_seed)
+    decisions = render_decisions(todo, run, policy.detail, policy.hints, sample_pages, sample_seed)
     t_render = time.perf_counter()
     plans = plan_pages(todo, o, prompt, policy, rule, decisions)
     t_plan = time.perf_counter()

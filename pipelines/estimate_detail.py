@@ -132,15 +132,13 @@ def interval(unrendered: Mapping[str, list[tuple[int, int]]], shares: Mapping[st
     return Z95 * math.sqrt(var)
 
 
-def render_decisions(docs: Sequence[Scanned], o: Any, detail: str, hints: str, sample_pages: int,
+def render_decisions(docs: Sequence[Scanned], s: Any, detail: str, hints: str, sample_pages: int,
                      seed: int) -> Decisions | None:
     """The hints stage's choices on rendered pages (pipelines.estimate_detail), where they matter: under
     --detail auto, or hints that OCR. None with --sample-pages 0 (nothing rendered: the text-layer guess)."""
     if sample_pages <= 0 or (detail != "auto" and hints not in ("auto", "ocr")):
         return None
-    from pipelines.extract import hint_settings, render_settings  # the run's own settings (one home)
-
-    return decide(docs, render_settings(o), hint_settings(o), sample_pages, seed)
+    return decide(docs, s.render, s.hints, sample_pages, seed)  # `s`: the run's RunSettings
 
 
 def detail_summary(to_model: Sequence[Any], decisions: Decisions | None, detail: str) -> dict[str, Any]:

@@ -114,6 +114,21 @@ def streaming_figures(con: Any, run_id: str) -> dict[str, float | None]:
             "engine_busy_fraction": round(min(1.0, busy / window), 3) if busy and window else None}
 
 
+def manifest_options(options: Any) -> dict[str, Any]:
+    """The options a manifest records: every pagemill option (PagemillOptions, defaults included), and the
+    Beam options this run set to something other than their default (its runner, workers, job name: given on
+    the command line, in the job file, or by pagemill itself for a local run). Not Beam's other 150-odd
+    defaults (Dataflow, Flink, Kafka...), and never a storage credential."""
+    from pipelines.options import own_option_names
+    from pipelines.storage import SECRET_OPTIONS
+
+    own = own_option_names()
+    given = options.get_all_options(drop_default=True)
+    found = {k: v for k, v in options.get_all_options(drop_default=False).items() if k in own}
+    found.update({k: v for k, v in given.items() if k not in own})
+    return {k: v for k, v in sorted(found.items()) if k not in SECRET_OPTIONS}
+
+
 def write_manifest(output: str, run_id: str, manifest: Mapping[str, Any]) -> str:
     uri = join_uri(output, "runs", f"{run_id}.json")
     with FileSystems.create(uri) as handle:

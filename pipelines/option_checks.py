@@ -30,7 +30,7 @@ def check_options(o: Any) -> list[str]:
     for name in ("document_timeout_s", "page_timeout_s"):
         if getattr(o, name) < 0:
             problems.append(f"--{name.replace('_', '-')} {getattr(o, name):g} is negative (0 turns it off)")
-    from pipelines.extract import safety_config
+    from pipelines.settings import safety_config  # run_settings needs the checks below to pass
     from transforms.safety import check_config
 
     problems += check_config(safety_config(o))  # a bad blocklist fails here, not on a worker

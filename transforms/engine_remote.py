@@ -35,7 +35,15 @@ from typing import Any
 
 from PIL import Image
 
-from transforms.engine import Completion, Engine, EngineOutput, EngineSettings, Sample, image_token_id_of
+from transforms.engine import (
+    Completion,
+    Engine,
+    EngineOutput,
+    EngineSettings,
+    Sample,
+    image_token_id_of,
+    prepare_environment,
+)
 
 log = logging.getLogger(__name__)
 IDLE_EXIT_S = 10.0  # the service exits this long after its last worker disconnected
@@ -63,8 +71,9 @@ class _CountingEngine(Engine):
 
 def serve(directory: Path) -> None:
     """The engine service's main loop: accept workers until none is left."""
-    settings = EngineSettings(**json.loads((directory / "settings.json").read_text()))
-    engine = _CountingEngine(replace_service(settings), directory)
+    settings = replace_service(EngineSettings(**json.loads((directory / "settings.json").read_text())))
+    prepare_environment(settings)  # this process holds the engine: its environment first, before the engine
+    engine = _CountingEngine(settings, directory)
     listener = Listener(str(directory / "engine.sock"), family="AF_UNIX",
                         authkey=(directory / "authkey").read_bytes())
     state = {"clients": 0, "idle_since": time.monotonic()}

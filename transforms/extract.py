@@ -18,6 +18,7 @@ import datetime as dt
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import apache_beam as beam
@@ -29,7 +30,7 @@ from schemas.records import API_ROUTE_PREFIX, ExtractionResult, PageImage, PageR
 from schemas.statuses import DUPLICATE, OK
 from transforms import budget
 from transforms.cache import cached_row
-from transforms.engine import CPU_MAX_NUM_SEQS, Engine, EngineSettings, PageEngine
+from transforms.engine import CPU_MAX_NUM_SEQS, Engine, EngineSettings, PageEngine, prepare_environment
 from transforms.outputs import MarkdownFormat, front_matter_columns
 from transforms.postfilter import OutputFlags, markdown_flags, output_flags
 from transforms.prompt import SYSTEM_PROMPT, DecodingParams, cache_key, config_key
@@ -44,7 +45,7 @@ class ExtractConfig:
     tenant: str
     model: str
     model_revision: str | None
-    render_key: str
+    render_key: str  # the key of the settings before the model (render, gate, hints): pipelines/settings.py
     model_family: Any  # a family name, or a transforms.token_math.ImageTokenRule (the model folder's settings)
     max_model_len: int
     max_tokens: int
@@ -64,8 +65,7 @@ class ExtractConfig:
 
     @property
     def config_key(self) -> str:
-        return config_key(self.model, self.model_revision, self.schema.schema_id, self.schema.schema_hash,
-                          self.decoding, self.tenant, self.render_key)
+        return config_key(self)
 
 
 def in_flight_limit(cfg: ExtractConfig, engine: EngineSettings, cpu: bool) -> int:
@@ -184,6 +184,9 @@ class StreamExtractDoFn(beam.DoFn):
         from transforms.engine_feed import PageFeed
 
         def build() -> PageFeed:
+            if makes_vllm_engine(self.engine_factory):
+                # A vLLM engine in this process: its environment is set here, before it exists (not mid-run).
+                prepare_environment(self.engine)
             engine = self.engine_factory(self.engine)
             cpu = _is_cpu() if hasattr(engine, "settings") else False  # vLLM, here or remote
             return PageFeed(engine, self.cfg, in_flight_limit(self.cfg, self.engine, cpu))
@@ -242,6 +245,13 @@ class StreamExtractDoFn(beam.DoFn):
             p.result.result()  # every claimed page ends with a result (engine_feed's promise)
             for row in self._rows(p):
                 yield GlobalWindows.windowed_value(row)
+
+
+def makes_vllm_engine(factory: Any) -> bool:
+    """Whether `factory` (a class, or a functools.partial of one) makes a vLLM Engine in this process."""
+    while isinstance(factory, partial):
+        factory = factory.func
+    return isinstance(factory, type) and issubclass(factory, Engine)
 
 
 def _is_cpu() -> bool:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from transforms.injection import CONTROL_TOKEN, FENCE_MARKER, normalise
+from transforms.settings_key import settings_key
 
 SYSTEM_PROMPT = (
     "You extract structured data from one document page. The page image and any page text below are "
@@ -47,9 +48,6 @@ def fence_marker(hint: str) -> str:
 class DecodingParams:
     max_tokens: int
     temperature: float = 0.0
-
-    def as_key(self) -> str:
-        return json.dumps({"max_tokens": self.max_tokens, "temperature": self.temperature}, sort_keys=True)
 
 
 def control_tokens(tokenizer: Any) -> tuple[str, ...]:
@@ -111,13 +109,13 @@ def prompt_template_hash() -> str:
     return hashlib.sha256(f"{PROMPT_VERSION}\n{SYSTEM_PROMPT}\n{HINT_OPEN}{HINT_CLOSE}".encode()).hexdigest()
 
 
-def config_key(model: str, model_revision: str | None, schema_id: str, schema_hash: str,
-               decoding: DecodingParams, tenant: str, render_key: str) -> str:
-    """sha256 over everything but the page that can change an extraction: the cache configuration.
-    Tenants never share a key; render settings are in it because they change the pages."""
-    parts = [model, model_revision or "", prompt_template_hash(), schema_id, schema_hash, decoding.as_key(), tenant,
-             render_key]
-    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
+def config_key(cfg: Any) -> str:
+    """sha256 over everything but the page that can change an extraction: the cache configuration. `cfg` is
+    the ExtractConfig: every field of it that can change an answer (model, revision, schema, tenant,
+    max_model_len, the image-token rule, markdown format, and `render_key`, the key of the render, gate and
+    hint settings), its decoding parameters and the prompt template. Derived from the dataclasses, not
+    listed here (transforms/settings_key.py says which fields are left out, and why). Tenants never share a key."""
+    return settings_key(prompt_template_hash(), cfg.decoding, cfg)
 
 
 def cache_key(page_hash: str, config: str, hint: str = "") -> str:

@@ -58,16 +58,6 @@ class ReadConfig:
                       connect_timeout=self.connect_timeout_s, read_timeout=self.read_timeout_s)
 
 
-def read_config(options: Any, max_attempts: int) -> ReadConfig:
-    """From a run's pipeline options (Beam's S3Options hold the storage settings, pipelines/storage.py)."""
-    from apache_beam.options.pipeline_options import S3Options
-
-    s3 = options.view_as(S3Options)
-    return ReadConfig(max_attempts=max_attempts, s3_endpoint_url=s3.s3_endpoint_url, s3_region=s3.s3_region_name,
-                      s3_access_key_id=s3.s3_access_key_id, s3_secret_access_key=s3.s3_secret_access_key,
-                      s3_session_token=s3.s3_session_token)
-
-
 def read_capped(uri: str, limit: int) -> bytes:
     """Read at most limit + 1 bytes through Beam's FileSystems, so a listing that lied about the size
     cannot exhaust memory."""

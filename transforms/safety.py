@@ -38,6 +38,7 @@ from schemas import statuses
 from schemas.records import DocumentRecord, DocumentRow, PageImage, PageRow
 from transforms.blocklist import Blocklists, Match, load_blocklists, usable_pdq
 from transforms.classifiers import ImageClassifier, load_classifier, load_factory
+from transforms.settings_key import settings_key
 from transforms.sizes import resize_for_detail
 from transforms.textlayer import PICTURE_MIN_COVERAGE
 
@@ -71,14 +72,19 @@ class SafetyConfig:
         """What checks stored hashes (documents, reused pages): no classifier, no extra checks."""
         return SafetyConfig(blocklists=self.blocklists, pdq_threshold=self.pdq_threshold)
 
-    def cache_key(self) -> str:
-        """The gate settings that a stored row cannot be re-checked against, so part of the cache
-        configuration: the classifier and its threshold, and the extra checks (as a set: the first
-        verdict wins, so their order never lets a page through). Blocklists and the PDQ threshold are
-        not: reused pages are re-checked against today's lists by their stored hashes."""
+    def key_form(self) -> SafetyConfig:
+        """The form the cache key holds (transforms/settings_key.py): the extra checks as a set (the first
+        verdict wins, so their order never lets a page through) and no threshold without a classifier.
+        Blocklists and the PDQ threshold are excluded there: reused pages are re-checked against today's
+        lists by their stored hashes."""
         classifier = (self.nsfw_classifier or "none").strip()
-        threshold = "" if classifier == "none" else f"@{self.nsfw_threshold!r}"
-        return f"nsfw={classifier}{threshold};checks={','.join(sorted(set(self.checks)))}"
+        return replace(self, nsfw_classifier=classifier, checks=tuple(sorted(set(self.checks))),
+                       nsfw_threshold=self.nsfw_threshold if classifier != "none" else 0.0)
+
+    def cache_key(self) -> str:
+        """The gate settings that a stored row cannot be re-checked against: the classifier and its
+        threshold, the extra checks and the low-detail side also checked, so part of the cache configuration."""
+        return settings_key(self)
 
 
 def match_verdict(match: Match, where: str) -> Verdict:

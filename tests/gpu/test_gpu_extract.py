@@ -61,8 +61,9 @@ def gpu_settings(test_model_dir: Path) -> EngineSettings:
 
 @pytest.fixture(scope="module")
 def gpu_engine(gpu_settings: EngineSettings) -> Iterator[Engine]:
-    from transforms.engine import Engine
+    from transforms.engine import Engine, prepare_environment
 
+    prepare_environment(gpu_settings)
     engine = Engine(gpu_settings)
     yield engine
     # Stop the engine-core process now, so the GPU memory is free for the tests that follow.

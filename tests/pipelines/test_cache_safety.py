@@ -18,8 +18,9 @@ import apache_beam as beam
 import pytest
 
 from pipelines import sql
-from pipelines.extract import build_pipeline
+from pipelines.graph import build_pipeline
 from pipelines.options import PagemillOptions
+from pipelines.settings import run_settings
 from tests import docmaker
 from tests.conftest import vllm_available
 from tests.pipelines.test_safety_pipeline import ProbeEngine
@@ -48,7 +49,8 @@ def run_once(root: Path, model: Path, run_id: str, extra: list[str]) -> list[dic
     o = options.view_as(PagemillOptions)
     earlier = tenant_files(str(output), "pages", o.tenant)  # as `pagemill run` lists the result cache
     with beam.Pipeline(options=options) as p:
-        build_pipeline(p, o, {"run_id": run_id, "tenant": o.tenant, "created_at": dt.datetime.now(dt.UTC)},
+        build_pipeline(p, run_settings(o),
+                       {"run_id": run_id, "tenant": o.tenant, "created_at": dt.datetime.now(dt.UTC)},
                        earlier_files=earlier, engine_factory=functools.partial(ProbeEngine, log=str(log)))
     return [json.loads(line) for line in log.read_text().splitlines()]
 

@@ -117,15 +117,15 @@ def test_a_pipeline_that_fails_exits_1_keeps_its_rows_and_writes_no_manifest(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import apache_beam as beam
 
-    import pipelines.extract
+    import pipelines.graph
 
-    real = pipelines.extract.build_pipeline
+    real = pipelines.graph.build_pipeline
 
     def failing(p: beam.Pipeline, *args: Any, **kwargs: Any) -> None:  # fault injection: a worker that raises
         real(p, *args, **kwargs)
         _ = p | "Boom" >> beam.Create([1]) | "Raise" >> beam.Map(lambda _: 1 / 0)
 
-    monkeypatch.setattr(pipelines.extract, "build_pipeline", failing)
+    monkeypatch.setattr(pipelines.graph, "build_pipeline", failing)
     inputs = tmp_path / "in"
     inputs.mkdir()
     (inputs / "a.pdf").write_bytes(docmaker.multipage_pdf(1))

@@ -10,8 +10,9 @@ from typing import Any
 import apache_beam as beam
 
 from pipelines import sql
-from pipelines.extract import build_pipeline
+from pipelines.graph import build_pipeline
 from pipelines.options import PagemillOptions
+from pipelines.settings import run_settings
 from tests import docmaker
 
 
@@ -32,7 +33,7 @@ def test_symlinks_out_of_the_input_folder_are_rejected(tmp_path: Path) -> None:
                                "false", "--hints", "none", "--nsfw-classifier", "none", "--progress-every-s", "0"])
     o = options.view_as(PagemillOptions)
     with beam.Pipeline(options=options) as p:
-        build_pipeline(p, o, {"run_id": "b1", "tenant": o.tenant, "created_at": dt.datetime.now(dt.UTC)})
+        build_pipeline(p, run_settings(o), {"run_id": "b1", "tenant": o.tenant, "created_at": dt.datetime.now(dt.UTC)})
     docs = {Path(d["source_uri"]).name: d for d in rows(output, "SELECT * FROM documents")}
     assert set(docs) == {"a.pdf", "inner.pdf", "link.pdf"}
     link = docs["link.pdf"]

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from pipelines import cli, sql
+from pipelines.run import summary
 from schemas.records import REASON_CODES
 from schemas.statuses import OUTCOMES, PAGE_STATUSES
 from tests import docmaker
@@ -325,7 +326,7 @@ def test_job_file_and_cli_override(tmp_path: Path) -> None:
 
     # A flag on the command line wins over the job's value; --input replaces the job's list.
     assert cli.main(["run", "--job", str(job), "--run-id", "from-cli", "--input", str(tmp_path / "cli-in"),
-                     "--max-side", "300"]) == 0
+                     "--max-side", "300", "--direct_num_workers", "2"]) == 0
     assert sorted(p.name for p in (output / "runs").iterdir()) == ["from-cli.json", "from-job.json"]
     docs = rows(output, "SELECT source_uri FROM documents WHERE run_id = 'from-cli' ORDER BY 1")
     assert [d["source_uri"] for d in docs] == cli_inputs
@@ -333,6 +334,10 @@ def test_job_file_and_cli_override(tmp_path: Path) -> None:
     assert widest == 300
     manifest = json.loads((output / "runs" / "from-cli.json").read_text())
     assert manifest["options"]["extract"] is False
+    # pagemill's options and the Beam flags given, not Beam's 200-odd defaults (Dataflow's among them).
+    assert len(manifest["options"]) <= 80, sorted(manifest["options"])
+    assert manifest["options"]["direct_num_workers"] == 2 and manifest["options"]["max_side"] == 300
+    assert "dataflow_endpoint" not in manifest["options"] and "flink_master" not in manifest["options"]
 
 
 def test_missing_input_and_output_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -370,7 +375,7 @@ def test_a_duplicate_raw_row_fails_the_checks_and_the_manifest(tmp_path: Path, m
     assert counts["duplicate_keys"] == {"documents": 1, "pages": 0, "ledger": 0}
     (error,) = counts["errors"]
     assert error.startswith("documents: 1 key(s)") and inputs[0] in error
-    assert "ERRORS:   1" in cli.summary(counts, 1.0, str(output), "runs/dup.json")
+    assert "ERRORS:   1" in summary(counts, 1.0, str(output), "runs/dup.json")
 
     # A resume whose compaction is broken (a fault injected here) leaves the duplicate: the run exits 1,
     # says why, and its manifest records the error.

@@ -22,9 +22,10 @@ import pytest
 from PIL import Image
 
 from pipelines import sql
-from pipelines.extract import build_pipeline
+from pipelines.graph import build_pipeline
 from pipelines.manifest import run_counts
 from pipelines.options import PagemillOptions
+from pipelines.settings import run_settings
 from tests import docmaker
 from tests.conftest import vllm_available
 from tests.transforms.test_hints import RecordingOcr
@@ -93,7 +94,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path) -> dict[
     o.run_id = "s1"
     ocr = RecordingOcr(ocr_log)
     with beam.Pipeline(options=options) as p:
-        build_pipeline(p, o, {"run_id": "s1", "tenant": o.tenant, "created_at": dt.datetime.now(dt.UTC)},
+        build_pipeline(p, run_settings(o), {"run_id": "s1", "tenant": o.tenant, "created_at": dt.datetime.now(dt.UTC)},
                        engine_factory=functools.partial(ProbeEngine, log=str(engine_log)), ocr=ocr)
     requests = [json.loads(line) for line in engine_log.read_text().splitlines()]
     return {"output": output, "requests": requests, "ocr": ocr.calls(), "listed_pdq": listed_pdq,

@@ -17,8 +17,9 @@ import pytest
 from apache_beam.options.pipeline_options import GoogleCloudOptions
 
 from pipelines import cli, option_checks, sql
-from pipelines.extract import extract_config
 from pipelines.options import PagemillOptions, merge_flags
+from pipelines.run import SINCE_LAST_RUN_OVERLAP_S, listing_window
+from pipelines.settings import run_settings
 from schemas import tables
 from schemas.layout import partition
 from schemas.records import ListedObject
@@ -71,7 +72,7 @@ def test_backfill_job_parses() -> None:
     assert job_name == "pagemill-backfill-2024"
     assert option_checks.check_options(o) == []
     # Without --since-last-run the window is the file's two times; no store is consulted.
-    assert cli.listing_window(o, job_name, None) == (_epoch(2024, 1, 1), _epoch(2025, 1, 1))
+    assert listing_window(o, job_name, None) == (_epoch(2024, 1, 1), _epoch(2025, 1, 1))
 
 
 def test_command_line_overrides_the_job_file() -> None:
@@ -82,7 +83,7 @@ def test_command_line_overrides_the_job_file() -> None:
     assert o.tenant == "acme"
     assert options.view_as(GoogleCloudOptions).job_name == "nightly-manual"
     o, _ = _options(merge_flags(["--modified-until=2024-07-01T00:00:00"], BACKFILL))
-    assert cli.listing_window(o, None, None) == (_epoch(2024, 1, 1), _epoch(2024, 7, 1))  # naive = UTC
+    assert listing_window(o, None, None) == (_epoch(2024, 1, 1), _epoch(2024, 7, 1))  # naive = UTC
 
 
 def test_a_bad_window_time_is_refused() -> None:
@@ -160,7 +161,7 @@ def test_since_last_run_lists_only_what_changed(tmp_path: Path) -> None:
     assert _run(inputs, output, "night-3", *nightly) == 0
     assert _documents(output, "night-3") == {new}
     started = dt.datetime.fromisoformat(json.loads((output / "runs" / "night-2.json").read_text())["started_at"])
-    assert os.stat(new).st_mtime >= started.timestamp() - cli.SINCE_LAST_RUN_OVERLAP_S
+    assert os.stat(new).st_mtime >= started.timestamp() - SINCE_LAST_RUN_OVERLAP_S
 
 
 @pytest.mark.slow
@@ -217,7 +218,7 @@ def test_document_cache_without_the_engine(tmp_path: Path) -> None:
     complete_uri = _write(inputs / "complete.pdf", complete)
     incomplete_uri = _write(inputs / "incomplete.pdf", incomplete)
     flags = ["--model", MISSING_MODEL, "--schema", "invoice"]
-    config = extract_config(_options(flags)[0]).config_key
+    config = run_settings(_options(flags)[0]).extract.config_key
     _seed_pages(output, {complete: [0, 1, 2], incomplete: [0]}, {incomplete: 1}, config,
                 dt.datetime(2024, 1, 1, tzinfo=UTC))
 

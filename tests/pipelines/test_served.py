@@ -42,19 +42,21 @@ def rows(output: Path, query: str) -> list[dict]:
 
 
 def test_options_choose_the_route_and_the_requests_in_flight() -> None:
-    from pipelines.extract import endpoint_settings, extract_config, model_route
     from pipelines.options import PagemillOptions
+    from pipelines.settings import model_route, run_settings
 
     def opts(*flags: str) -> PagemillOptions:
         return PagemillOptions(list(flags)).view_as(PagemillOptions)
 
     assert model_route(opts()) == "model"
     served = opts("--engine", "openai", "--endpoint", "http://h:8000", "--concurrency", "5", "--model", "m")
-    assert (model_route(served), extract_config(served).max_in_flight) == ("served", 10)
-    s = endpoint_settings(served)
+    settings = run_settings(served)
+    assert (model_route(served), settings.extract.max_in_flight) == ("served", 10)
+    s = settings.endpoint
     assert (s.base_url, s.model, s.concurrency) == ("http://h:8000/v1", "m", 5)
+    assert run_settings(opts()).endpoint is None  # the vLLM engine
     hosted = opts("--engine", "openai", "--endpoint-kind", "hosted", "--api-price", "claude-sonnet")
-    assert extract_config(hosted).route == "api:claude-sonnet"
+    assert run_settings(hosted).extract.route == "api:claude-sonnet"
 
 
 @pytest.mark.parametrize(("flags", "says"), [

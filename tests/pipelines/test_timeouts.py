@@ -17,8 +17,9 @@ import apache_beam as beam
 import pytest
 
 from pipelines import cli
-from pipelines.extract import build_pipeline
+from pipelines.graph import build_pipeline
 from pipelines.options import PagemillOptions
+from pipelines.settings import run_settings
 from tests import docmaker
 from tests.conftest import CORPUS
 from tests.pipelines.raw import one_row_per, raw_rows
@@ -95,7 +96,7 @@ def test_hung_page_count_at_intake_times_out_its_document_and_the_run_goes_on(tm
     o = options.view_as(PagemillOptions)
     o.run_id = "i"
     with beam.Pipeline(options=options) as p:  # the hang guard is the test's own timeout: the child sleeps an hour
-        build_pipeline(p, o, {"run_id": "i", "tenant": o.tenant, "created_at": dt.datetime.now(dt.UTC)},
+        build_pipeline(p, run_settings(o), {"run_id": "i", "tenant": o.tenant, "created_at": dt.datetime.now(dt.UTC)},
                        intake_count=hangs_on_mark)
     docs = {Path(u).name: d for u, d in one_row_per(raw_rows(out, "documents", "i"), "source_uri").items()}
     assert (docs["normal.pdf"]["outcome"], docs["normal.pdf"]["reason_code"]) == ("rendered", None)

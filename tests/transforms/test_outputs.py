@@ -7,9 +7,10 @@ import json
 import pytest
 
 from schemas.extraction import load_schema
+from transforms.extract import ExtractConfig
 from transforms.outputs import FRONT_MATTER_INVALID, MARKDOWN_FORMATS, OLMOCR_V4_PROMPT, load_output
 from transforms.postfilter import markdown_flags
-from transforms.prompt import DecodingParams, config_key
+from transforms.prompt import config_key
 
 OLMOCR = MARKDOWN_FORMATS["olmocr"]
 # The shape olmOCR-2 answers in (capitalised booleans, as its training data writes them).
@@ -77,8 +78,11 @@ def test_cache_configuration_differs_by_output() -> None:
     assert none is None and json_schema == load_schema("invoice")
     keys = set()
     for name in ("invoice", "markdown", "olmocr"):
-        schema, _ = load_output(name)
-        keys.add(config_key("m", None, schema.schema_id, schema.schema_hash, DecodingParams(256), "t", "r"))
+        schema, markdown = load_output(name)
+        cfg = ExtractConfig(schema=schema, markdown=markdown, tenant="t", model="m", model_revision=None,
+                            render_key="r", model_family="qwen2_vl", max_model_len=8192, max_tokens=256,
+                            max_attempts=1, max_hint_chars=100, gpu_hourly_usd=0.0, api_price="gpt-4o", prices={})
+        keys.add(config_key(cfg))
     assert len(keys) == 3
     assert json.loads(json.dumps(OLMOCR.schema.schema))["required"][0] == "primary_language"
 

@@ -1,14 +1,17 @@
 """The prompt and the cache key (transforms/prompt.py): the hint is capped and fenced, and every part of
-the configuration changes the key."""
+the configuration changes the key (each field: tests/transforms/test_settings_key.py)."""
 from __future__ import annotations
 
 import hashlib
 import itertools
 import json
+from dataclasses import replace
 
 import pytest
 
+from schemas.extraction import load_schema
 from transforms import prompt
+from transforms.extract import ExtractConfig
 from transforms.prompt import (
     HINT_OPEN,
     SYSTEM_PROMPT,
@@ -20,6 +23,7 @@ from transforms.prompt import (
     prompt_template_hash,
     user_text,
 )
+from transforms.settings_key import canonical, settings_key
 
 SCHEMA = {"type": "object", "properties": {"total": {"type": "number"}}, "required": ["total"]}
 
@@ -66,8 +70,8 @@ def test_chat_messages_are_system_then_image_and_text() -> None:
 
 
 def test_decoding_params_key() -> None:
-    assert DecodingParams(384).as_key() == '{"max_tokens": 384, "temperature": 0.0}'
-    assert DecodingParams(384, 0.5).as_key() != DecodingParams(384).as_key()
+    assert canonical(DecodingParams(384)) == '[{"DecodingParams":{"max_tokens":384,"temperature":0.0}}]'
+    assert settings_key(DecodingParams(384, 0.5)) != settings_key(DecodingParams(384))
 
 
 def test_prompt_template_hash_follows_the_wording(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,24 +84,29 @@ def test_prompt_template_hash_follows_the_wording(monkeypatch: pytest.MonkeyPatc
     assert prompt_template_hash() != before
 
 
-BASE = {"model": "m", "model_revision": "r", "schema_id": "invoice", "schema_hash": "sh",
-        "decoding": DecodingParams(384), "tenant": "acme", "render_key": "dpi=150"}
+def extract_config(**changes: object) -> ExtractConfig:
+    base = ExtractConfig(schema=load_schema("invoice"), tenant="acme", model="m", model_revision="r",
+                         render_key="k", model_family="qwen2_vl", max_model_len=8192, max_tokens=384,
+                         max_attempts=2, max_hint_chars=2000, gpu_hourly_usd=2.5, api_price="gpt-4o", prices={})
+    return replace(base, **changes)
 
 
-def test_every_part_of_the_configuration_changes_the_key() -> None:
-    base = config_key(**BASE)
-    assert len(base) == 64 and base == config_key(**BASE)
-    changed = {"model": "m2", "model_revision": "r2", "schema_id": "receipt", "schema_hash": "sh2",
-               "decoding": DecodingParams(385), "tenant": "other", "render_key": "dpi=200"}
-    keys = {name: config_key(**{**BASE, name: value}) for name, value in changed.items()}
-    assert base not in keys.values() and len(set(keys.values())) == len(keys)
-    assert config_key(**{**BASE, "model_revision": None}) == config_key(**{**BASE, "model_revision": ""})
+def test_the_configuration_key_covers_prompt_decoding_and_the_extract_settings(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every field is covered by tests/transforms/test_settings_key.py; here the parts outside ExtractConfig's
+    fields: the prompt template and the decoding parameters."""
+    base = config_key(extract_config())
+    assert len(base) == 64 and base == config_key(extract_config())
+    assert config_key(extract_config(max_tokens=385)) != base  # the decoding parameters
+    assert config_key(extract_config(model_revision=None)) != base
+    monkeypatch.setattr(prompt, "PROMPT_VERSION", prompt.PROMPT_VERSION + "-next")
+    assert config_key(extract_config()) != base
 
 
 def test_parts_cannot_run_into_each_other() -> None:
     # Without a separator ("ab", "c") and ("a", "bc") would give one key.
-    assert config_key(**{**BASE, "model": "ab", "model_revision": "c"}) != \
-        config_key(**{**BASE, "model": "a", "model_revision": "bc"})
+    assert config_key(extract_config(model="ab", model_revision="c")) != \
+        config_key(extract_config(model="a", model_revision="bc"))
     assert cache_key("ab", "c") != cache_key("a", "bc")
 
 
@@ -108,13 +117,13 @@ def test_cache_key_covers_page_config_and_hint() -> None:
 
 
 def test_keys_are_stable_across_releases() -> None:
-    """A key that changes silently orphans every cache entry ever written, so these two are pinned: change
-    them only with a deliberate change of the key (and say so in the release notes). The composition is
-    the documented one: sha256 of the parts joined by the unit separator, the hint by its sha256."""
-    cfg = config_key(**BASE)
-    parts = ["m", "r", prompt_template_hash(), "invoice", "sh", '{"max_tokens": 384, "temperature": 0.0}', "acme",
-             "dpi=150"]
-    assert cfg == hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
+    """A key that changes silently orphans every cache entry ever written, so the composition is pinned:
+    change it only with a deliberate change of the key (and say so in docs/extraction.md). The configuration
+    key is the settings key of the template hash, the decoding parameters and the ExtractConfig (whose
+    canonical form tests/transforms/test_settings_key.py pins); a page's key is sha256 of its parts joined by
+    the unit separator, the hint by its sha256."""
+    cfg = config_key(extract_config())
+    assert cfg == settings_key(prompt_template_hash(), DecodingParams(384), extract_config())
     hint_hash = hashlib.sha256(b"Total 42").hexdigest()
     assert cache_key("p", cfg, "Total 42") == hashlib.sha256("\x1f".join(["p", cfg, hint_hash]).encode()).hexdigest()
     template = f"{prompt.PROMPT_VERSION}\n{SYSTEM_PROMPT}\n{prompt.HINT_OPEN}{prompt.HINT_CLOSE}"

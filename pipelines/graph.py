@@ -1,0 +1,132 @@
+"""build_pipeline(p, settings, run): the run's graph (list, intake, safety, dedup, cache, render, hints, extract,
+outcomes, write), stage by stage, and nothing else. The stages' settings come built from the options, once
+(pipelines/settings.py)."""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import apache_beam as beam
+
+from pipelines.settings import RunSettings
+from schemas.records import PageImage, PageRow
+from schemas.statuses import RENDERED
+from transforms.cache import CACHED, ReadEarlierPages, SkipCachedDocuments, SkipDoneDocuments
+from transforms.dedup import DUPLICATES, DedupDocuments
+from transforms.engine import Engine
+from transforms.extract import EngineFactory, ExtractPages  # vLLM is imported by workers only
+from transforms.hints import HintsDoFn, Ocr
+from transforms.inspection import PageCounter, count_pages
+from transforms.intake import REJECTED, IntakeDoFn, ListObjects
+from transforms.intake_worker import TimedIntakeDoFn
+from transforms.outcome import DocumentOutcomes
+from transforms.page_ranges import SplitPageRanges
+from transforms.page_work import PageStages
+from transforms.pages import FAILED_PAGES, RenderPagesDoFn
+from transforms.progress import ProgressDoFn
+from transforms.reading import ObjectReader
+from transforms.render_worker import TimedRenderPagesDoFn
+from transforms.safety import QUARANTINED, DocumentGateDoFn, SafetyGateDoFn
+from transforms.write import WriteTables
+
+
+def intake_dofn(s: RunSettings, count: PageCounter = count_pages) -> IntakeDoFn:
+    """Intake; with --document-timeout-s, its page count (opening the document) runs in a child process
+    killed at that limit (transforms/intake_worker.py); with it 0, in this process."""
+    if s.limits.document_timeout_s > 0:
+        return TimedIntakeDoFn(s.intake, s.limits.document_timeout_s, ObjectReader(s.read), count)
+    return IntakeDoFn(s.intake, ObjectReader(s.read))
+
+
+def render_dofn(s: RunSettings, ocr: Ocr | None = None) -> RenderPagesDoFn:
+    """Rendering, the safety gate and the hints in a worker process under the time limits
+    (transforms/page_work.py); with both limits off, rendering alone, in this process."""
+    if s.limits.enabled:
+        return TimedRenderPagesDoFn(s.render, s.limits, reader=ObjectReader(s.read),
+                                    stages=PageStages(s.safety, s.hints, ocr))
+    return RenderPagesDoFn(s.render, ObjectReader(s.read))
+
+
+def rendered_only(page: PageImage) -> PageRow:
+    """A page of a render-only run (`--extract false`): accounted for, no model, no cost."""
+    return PageRow.of_page(page, RENDERED, route="none")
+
+
+def extract_pages(pages: beam.PCollection, s: RunSettings, earlier: beam.PCollection,
+                  engine_factory: EngineFactory = Engine) -> beam.PCollection:
+    """PageImage -> PageRow. The model stage plugs in here; `s.extract` is None in a render-only run."""
+    if s.extract is None:
+        return pages | "RenderedOnly" >> beam.Map(rendered_only)
+    if engine_factory is Engine and s.endpoint is not None:
+        from functools import partial
+
+        from transforms.engine_openai import OpenAIEngine
+
+        engine_factory = partial(OpenAIEngine, s.endpoint)
+    elif engine_factory is Engine and s.engine.service_dir:
+        from transforms.engine_remote import RemoteEngine
+
+        engine_factory = RemoteEngine
+    return pages | "Extract" >> ExtractPages(s.engine, s.extract, engine_factory, earlier=earlier)
+
+
+def build_pipeline(p: beam.Pipeline, s: RunSettings, run: Mapping[str, Any],
+                   earlier_files: Sequence[str] = (), done_files: Sequence[str] = (),
+                   modified_since: float | None = None, modified_until: float | None = None, *,
+                   engine_factory: EngineFactory = Engine, ocr: Ocr | None = None,
+                   intake_count: PageCounter = count_pages) -> None:
+    """`s`: the run's settings (pipelines/settings.py). `earlier_files`: `pages` files under the output root
+    (the result cache; empty with --force); `done_files`: this run id's `documents` files when resuming.
+    `engine_factory` and `ocr` replace the vLLM engine and Tesseract (tests put probes there); `intake_count`
+    intake's page counter under the time limit (tests put a hanging one there)."""
+    listed = (
+        p
+        | "List" >> ListObjects(s.inputs, modified_since, modified_until)
+        | "SkipDone" >> SkipDoneDocuments(list(done_files))
+    )
+    intake = (listed | "Intake" >> beam.ParDo(intake_dofn(s, intake_count))
+              .with_outputs(REJECTED, main="accepted"))
+    # Blocklisted documents stop here, before dedup (every copy is quarantined) and before rendering.
+    gated = (
+        intake.accepted
+        | "DocumentGate" >> beam.ParDo(DocumentGateDoFn(s.safety)).with_outputs(QUARANTINED, main="clean")
+    )
+    dedup = gated.clean | "DedupDocuments" >> DedupDocuments()
+    to_render, cached = dedup.kept, None
+    earlier = p | "NoEarlier" >> beam.Create([])
+    if s.extract is not None and earlier_files:
+        earlier = p | "EarlierPages" >> ReadEarlierPages(list(earlier_files), s.tenant, s.extract.config_key)
+        # Reused rows are re-checked against today's blocklists here, before anything is rendered.
+        split = dedup.kept | "DocumentCache" >> SkipCachedDocuments(earlier, s.safety)
+        to_render, cached = split.render, split[CACHED]
+    render = render_dofn(s, ocr)
+    rendered = (
+        to_render
+        | "PageRanges" >> SplitPageRanges(s.render_range_pages)
+        | "RenderPages" >> beam.ParDo(render).with_outputs(FAILED_PAGES, main="pages")
+    )
+    parts: tuple[beam.PCollection, ...] = (rendered[FAILED_PAGES],)
+    if isinstance(render, TimedRenderPagesDoFn):  # gated and hinted in the render worker, under the limits
+        hinted = rendered.pages
+    else:
+        safe = (
+            rendered.pages
+            | "SafetyGate" >> beam.ParDo(SafetyGateDoFn(s.safety)).with_outputs(QUARANTINED, main="clean")
+        )
+        hinted = safe.clean | "Hints" >> beam.ParDo(HintsDoFn(s.hints, ocr))
+        parts += (safe[QUARANTINED],)
+    extracted = extract_pages(hinted, s, earlier, engine_factory)
+    parts += (extracted,) + ((cached,) if cached is not None else ())
+    pages = parts | "AllPages" >> beam.Flatten()
+    kept = pages | "Outcomes" >> DocumentOutcomes(dedup.kept)
+    documents = (intake[REJECTED], gated[QUARANTINED], dedup[DUPLICATES], kept) | "AllDocuments" >> beam.Flatten()
+    _ = documents | "Write" >> WriteTables(s.output, run, pages, s.flush)
+    listed_count = listed | "CountListed" >> beam.combiners.Count.Globally()
+    pages_total = (dedup.kept | "PageCounts" >> beam.Map(lambda d: d.page_count)
+                   | "SumPages" >> beam.CombineGlobally(sum))
+    _ = (
+        (documents, pages)
+        | "Progress" >> beam.Flatten()
+        | "Report" >> beam.ParDo(ProgressDoFn(s.progress_every_s), listed=beam.pvalue.AsSingleton(listed_count),
+                                 pages_total=beam.pvalue.AsSingleton(pages_total))
+    )

@@ -1,0 +1,42 @@
+"""run_settings (pipelines/settings.py): the stages' settings built once from the options; the cache
+configuration key follows every option that reaches a keyed setting, and no option that only paces the run."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pipelines.options import PagemillOptions
+from pipelines.settings import RunSettings, run_settings
+
+
+def settings(*flags: str) -> RunSettings:
+    return run_settings(PagemillOptions(["--input", "in/", "--output", "out/", *flags]).view_as(PagemillOptions))
+
+
+def test_settings_are_frozen_and_a_render_only_run_has_no_extract_settings() -> None:
+    s = settings()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.tenant = "other"  # type: ignore[misc]
+    assert (s.inputs, s.output, s.endpoint) == (("in/",), "out/", None)
+    assert s.extract is not None and settings("--extract", "false").extract is None
+    assert "secret" not in repr(settings("--s3_secret_access_key", "secret"))  # the keys are never printed
+
+
+@pytest.mark.parametrize("flags", [
+    ("--dpi", "200"), ("--max-side", "1000"), ("--jpeg-quality", "80"), ("--max-text-chars", "100"),
+    ("--hints", "none"), ("--ocr-lang", "deu"), ("--min-text-coverage", "0.3"), ("--detail", "high"),
+    ("--low-detail-side", "500"), ("--injection-policy", "neutralise"), ("--max-hint-chars", "10"),
+    ("--nsfw-classifier", "none"), ("--safety-check", "pkg.mod:check"), ("--tenant", "acme"),
+    ("--model-revision", "v2"), ("--max-tokens", "100"), ("--max-model-len", "4096"), ("--schema", "receipt"),
+])
+def test_options_that_change_an_answer_change_the_key(flags: tuple[str, ...]) -> None:
+    assert settings(*flags).extract.config_key != settings().extract.config_key
+
+
+@pytest.mark.parametrize("flags", [
+    ("--max-bytes", "1000"), ("--max-attempts", "5"), ("--ocr-timeout-s", "3"), ("--gpu-hourly-usd", "9"),
+    ("--document-timeout-s", "0"), ("--flush-rows", "1"), ("--pdq-threshold", "5"), ("--max-num-seqs", "3"),
+])
+def test_options_that_only_pace_or_price_the_run_keep_the_key(flags: tuple[str, ...]) -> None:
+    assert settings(*flags).extract.config_key == settings().extract.config_key
