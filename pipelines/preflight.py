@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from pipelines.storage import StorageConfig
+from transforms.intake import literal_prefix
 
 # Short timeouts and few retries: a wrong endpoint must fail in seconds, not minutes.
 CONNECT_TIMEOUT_S = 5
@@ -56,12 +57,6 @@ def _s3_error(uri: str, err: Exception) -> str:
     return f"{uri}: {type(err).__name__}: {err}"
 
 
-def _s3_prefix(pattern: str) -> str:
-    """The literal part of an S3 glob: what ListObjectsV2 can check."""
-    cut = min([i for i in (pattern.find(c) for c in "*?[") if i >= 0], default=len(pattern))
-    return pattern[:cut]
-
-
 def _no_credentials() -> Exception:
     from botocore.exceptions import NoCredentialsError
 
@@ -72,7 +67,7 @@ def check_s3_read(uri: str, storage: StorageConfig) -> str | None:
     session, client = s3_client(storage)
     if session.get_credentials() is None and not storage.s3_access_key_id:
         return _s3_error(uri, _no_credentials())
-    bucket, key = _split(_s3_prefix(uri))
+    bucket, key = _split(literal_prefix(uri))
     try:
         client.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
     except Exception as err:  # noqa: BLE001 - every cause becomes one clear line
@@ -95,9 +90,9 @@ def check_s3_write(uri: str, storage: StorageConfig) -> str | None:
 
 def check_local_read(pattern: str) -> str | None:
     path = pattern.removeprefix("file://")
-    literal = min([i for i in (path.find(c) for c in "*?[") if i >= 0], default=len(path))
-    base = Path(path[:literal] or ".")
-    probe = base if literal == len(path) else base.parent if not path[:literal].endswith("/") else base
+    head = literal_prefix(path)
+    base = Path(head or ".")
+    probe = base if head == path else base.parent if not head.endswith("/") else base
     if not probe.exists():
         return f"{pattern}: no such file or folder"
     return None

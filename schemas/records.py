@@ -232,7 +232,6 @@ class PageTask:
     cache_key: str
     hint: str
     estimated_tokens: int
-    copies: tuple[PageImage, ...] = ()  # without their image bytes
 
 
 @dataclass(frozen=True)

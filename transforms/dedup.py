@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator
 import apache_beam as beam
 
 from schemas.records import DocumentRecord, DocumentRow
+from schemas.statuses import DUPLICATE
 
 DUPLICATES = "duplicates"
 
@@ -19,7 +20,7 @@ def split_duplicates(copies: Iterable[DocumentRecord]) -> tuple[DocumentRecord, 
     ordered = sorted(copies, key=lambda d: d.uri)
     kept, others = ordered[0], ordered[1:]
     rows = [
-        DocumentRow(source_uri=d.uri, bytes=d.size, outcome="duplicate", doc_sha256=d.doc_sha256,
+        DocumentRow(source_uri=d.uri, bytes=d.size, outcome=DUPLICATE, doc_sha256=d.doc_sha256,
                     format=d.format, page_count=d.page_count, duplicate_of=kept.uri,
                     message=f"same bytes as {kept.uri}")
         for d in others

@@ -88,20 +88,9 @@ def make_task(page: PageImage, engine: EngineSettings, cfg: ExtractConfig) -> tu
     return key, PageTask(page=page, cache_key=key, hint=hint, estimated_tokens=tokens)
 
 
-def as_copy(task: PageTask) -> PageImage:
-    """The task's page as a copy riding along with another: its row needs everything but the image."""
-    return replace(task.page, image=b"")
-
-
-def merge_copies(keyed: tuple[str, list[PageTask]]) -> PageTask:
-    """Pages that share a key: the first by (uri, page) is extracted, the rest ride along. Pure."""
-    tasks = sorted(keyed[1], key=lambda t: (t.page.source_uri, t.page.page_index))
-    return replace(tasks[0], copies=tuple(as_copy(t) for t in tasks[1:]))
-
-
 def to_rows(result: Any, engine: EngineSettings, cfg: ExtractConfig) -> Iterator[PageRow]:
-    """`result` is (task, ExtractionResult) (a PredictionResult or a tuple): the extracted page's
-    row, then one zero-cost `duplicate` row per page that shared its key."""
+    """`result` is (task, ExtractionResult) (a PredictionResult or a tuple): the extracted page's row. A page
+    that shared its key gets `copy_row`."""
     task, r = (result.example, result.inference) if hasattr(result, "inference") else result
     page = task.page
     gpt_tokens = budget.estimate_image_tokens("gpt-4o", r.sent_width or page.width, r.sent_height or page.height)
@@ -119,8 +108,6 @@ def to_rows(result: Any, engine: EngineSettings, cfg: ExtractConfig) -> Iterator
                           flags=tuple(dict.fromkeys(page.flags + r.flags + out.flags)),
                           flag_detail=page.flag_detail + out.notes, image_tokens_saved=saved,
                           extracted_at=r.finished_at, **_common(task, r, engine, cfg))
-    for copy in task.copies:
-        yield copy_row(copy, task, r, engine, cfg)
 
 
 def page_cost_usd(r: ExtractionResult, cfg: ExtractConfig) -> float:

@@ -20,6 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from schemas.records import DocumentRecord, DocumentRow, ListedObject
+from schemas.statuses import FAILED, REJECTED
 from transforms.inspection import IntakeLimits as IntakeLimits  # the inspection's home: transforms/inspection.py
 from transforms.inspection import inspect_document as inspect_document
 from transforms.inspection import reject as reject
@@ -27,7 +28,6 @@ from transforms.reading import STORAGE_ERROR, ObjectReader, ReadConfig, ReadFail
 from transforms.reading import read_capped as read_capped  # its earlier home: estimate and pages import it here
 
 log = logging.getLogger(__name__)
-REJECTED = "rejected"
 MISSING = -1  # ListedObject.size of a URI that was listed by name but does not exist
 OUTSIDE = -2  # ListedObject.size of a local path that a wildcard reached through a symlink leading out
 
@@ -49,7 +49,7 @@ def read_failed(obj: ListedObject, err: ReadFailed) -> DocumentRow:
     """The row of an object that could not be read: the store's failure (after its retries) is `failed`
     (a system failure), any other refusal `rejected`."""
     row = reject(obj, err.reason_code, str(err))
-    return replace(row, outcome="failed") if err.reason_code == STORAGE_ERROR else row
+    return replace(row, outcome=FAILED) if err.reason_code == STORAGE_ERROR else row
 
 
 class IntakeDoFn(beam.DoFn):
@@ -107,13 +107,17 @@ def to_listed(meta: fileio.FileMetadata) -> ListedObject:
     return ListedObject(uri=meta.path, size=int(meta.size_in_bytes), last_modified=meta.last_updated_in_seconds)
 
 
+def literal_prefix(pattern: str) -> str:
+    """The part of a pattern before its first wildcard: what a listing can check exists."""
+    return re.split(r"[*?\[]", pattern, maxsplit=1)[0]
+
+
 def glob_root(pattern: str) -> str | None:
     """The local folder a wildcard pattern lists (before its first wildcard); None for a path named on
     its own (the caller chose that file, link or not) and for object storage (no symlinks there)."""
     if "://" in pattern or is_literal(pattern):
         return None
-    head = re.split(r"[*?\[]", pattern, maxsplit=1)[0]
-    return os.path.dirname(head) or "."
+    return os.path.dirname(literal_prefix(pattern)) or "."
 
 
 def inside(path: str, real_root: str) -> bool:

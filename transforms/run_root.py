@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from schemas import layout, tables
+from schemas.statuses import CACHED
 from transforms.write import write_rows
 
 
@@ -83,7 +84,7 @@ def compact_run(output: str, tenant: str, run_id: str) -> dict[str, int]:
 def _rank(row: dict[str, Any]) -> tuple[bool, Any]:
     """Within one run, a row that did the work beats a later `cached` copy of it (a resumed run reuses
     its own killed attempt's pages): the tokens and cost actually spent must not vanish."""
-    reused = row.get("status") == "cached" or row.get("route") == "cache" or row.get("outcome") == "cached"
+    reused = row.get("status") == CACHED or row.get("route") == "cache" or row.get("outcome") == CACHED
     return (not reused, row["created_at"])
 
 

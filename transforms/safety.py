@@ -34,15 +34,14 @@ from apache_beam.metrics import Metrics
 from apache_beam.utils import shared
 from PIL import Image
 
-from schemas import statuses
 from schemas.records import DocumentRecord, DocumentRow, PageImage, PageRow
+from schemas.statuses import QUARANTINED
 from transforms.blocklist import Blocklists, Match, load_blocklists, usable_pdq
 from transforms.classifiers import ImageClassifier, load_classifier, load_factory
 from transforms.settings_key import settings_key
 from transforms.sizes import resize_for_detail
 from transforms.textlayer import PICTURE_MIN_COVERAGE
 
-QUARANTINED = "quarantined"
 SKIPPED_NOTE = "{name}:skipped_no_raster"
 
 
@@ -210,7 +209,7 @@ def screen_page(page: PageImage, checks: Checks, low_side: int) -> tuple[PageIma
 
 
 def quarantined_page(page: PageImage, verdict: Verdict) -> PageRow:
-    return PageRow.of_page(page, statuses.QUARANTINED, hinted=False, reason_code=verdict.reason_code,
+    return PageRow.of_page(page, QUARANTINED, hinted=False, reason_code=verdict.reason_code,
                            message=verdict.message[:500], route="quarantined",
                            quarantine_detail=json.dumps(dict(verdict.detail), sort_keys=True))
 
@@ -220,7 +219,7 @@ def quarantined_reuse(earlier: Mapping[str, Any], doc_sha256: str, source_uri: s
     """A page whose earlier result is not reused: today's lists name its stored hashes. Nothing was
     rendered; the row keeps the hashes it was matched on."""
     detail = {**verdict.detail, "checked": "stored hashes of an earlier run"}
-    return PageRow.of_index(doc_sha256, source_uri, page_index, statuses.QUARANTINED, reason_code=verdict.reason_code,
+    return PageRow.of_index(doc_sha256, source_uri, page_index, QUARANTINED, reason_code=verdict.reason_code,
                             message=f"{verdict.message}; its earlier extraction is not reused"[:500],
                             page_hash=earlier.get("page_hash"), width=earlier.get("width"),
                             height=earlier.get("height"), route="quarantined", pdq_hash=earlier.get("pdq_hash"),
@@ -228,7 +227,7 @@ def quarantined_reuse(earlier: Mapping[str, Any], doc_sha256: str, source_uri: s
 
 
 def quarantined_document(doc: DocumentRecord, verdict: Verdict) -> DocumentRow:
-    return DocumentRow(source_uri=doc.uri, bytes=doc.size, outcome=statuses.QUARANTINED, doc_sha256=doc.doc_sha256,
+    return DocumentRow(source_uri=doc.uri, bytes=doc.size, outcome=QUARANTINED, doc_sha256=doc.doc_sha256,
                        format=doc.format, page_count=doc.page_count, reason_code=verdict.reason_code,
                        message=verdict.message[:500],
                        quarantine_detail=json.dumps(dict(verdict.detail), sort_keys=True))

@@ -18,7 +18,7 @@ from tests import docmaker
 from transforms import budget
 from transforms.engine import engine_kwargs
 from transforms.engine_feed import extract_all
-from transforms.extract import ExtractConfig, make_task, merge_copies, to_rows
+from transforms.extract import ExtractConfig, copy_row, make_task, to_rows
 from transforms.pages import RenderSettings, render_document
 
 SETTINGS = RenderSettings(dpi=100, max_side=1000, jpeg_quality=85, max_text_chars=5000, max_page_points=14400,
@@ -61,14 +61,6 @@ def test_cache_key_depends_on_tenant_schema_and_page(engine_settings) -> None:
     assert make_task(page, engine_settings, config(render_key="dpi=200"))[0] != key
     assert make_task(page, engine_settings, config(model_revision="other"))[0] != key
     assert make_task(replace(page, source_uri="b.pdf"), engine_settings, config())[0] == key
-
-
-def test_merge_copies_extracts_the_smallest_uri(engine_settings) -> None:
-    page = pages_of(docmaker.invoice_pdf(), "a.pdf")[0]
-    tasks = [make_task(replace(page, source_uri=u), engine_settings, config())[1] for u in ("c.pdf", "a.pdf", "b.pdf")]
-    merged = merge_copies(("k", tasks))
-    assert merged.page.source_uri == "a.pdf"
-    assert [c.source_uri for c in merged.copies] == ["b.pdf", "c.pdf"]
 
 
 @pytest.mark.vllm
@@ -172,10 +164,10 @@ def test_rows_fan_out_to_copies_at_zero_cost(engine_settings) -> None:
     cfg = config()
     page = pages_of(docmaker.invoice_pdf(), "a.pdf")[0]
     tasks = [make_task(replace(page, source_uri=u, doc_sha256=u * 32), engine_settings, cfg)[1] for u in "ab"]
-    merged = merge_copies(("k", tasks))
     result = ExtractionResult(status="ok", extraction='{"x": 1}', image_tokens=100, text_tokens=50,
                               output_tokens=20, attempts=1, gpu_seconds=0.5)
-    first, copy = to_rows((merged, result), engine_settings, cfg)
+    (first,) = to_rows((tasks[0], result), engine_settings, cfg)
+    copy = copy_row(tasks[1].page, tasks[0], result, engine_settings, cfg)
     assert (first.status, first.route, copy.status, copy.route) == ("ok", "model", "duplicate", "duplicate")
     assert copy.extraction == first.extraction and copy.cache_key == first.cache_key
     assert first.cost_usd == pytest.approx(0.5 * 2.5 / 3600) and copy.cost_usd == 0 and copy.gpu_seconds == 0

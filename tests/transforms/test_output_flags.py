@@ -11,7 +11,7 @@ from schemas.extraction import load_schema
 from schemas.records import FLAGS, ExtractionResult, PageImage
 from transforms import budget
 from transforms.engine import EngineSettings
-from transforms.extract import ExtractConfig, make_task, merge_copies, to_rows
+from transforms.extract import ExtractConfig, copy_row, make_task, to_rows
 from transforms.pii import find, iban_ok, luhn_ok
 from transforms.postfilter import output_flags
 from transforms.prompt import SYSTEM_PROMPT
@@ -113,10 +113,10 @@ def test_rows_carry_hint_flags_and_output_flags_to_every_copy() -> None:
     cfg = config()
     flagged = page(flags=("invisible_text", "prompt_injection"), flag_detail=("prompt_injection: x",))
     tasks = [make_task(replace(flagged, source_uri=u, doc_sha256=u * 32), ENGINE, cfg)[1] for u in "ab"]
-    merged = merge_copies(("k", tasks))
     bad = json.dumps({**CLEAN, "vendor_name": "jane@example.com"})
     result = ExtractionResult(status="ok", extraction=bad, image_tokens=10, attempts=1)
-    first, copy = to_rows(PredictionResult(merged, result), ENGINE, cfg)
+    (first,) = to_rows(PredictionResult(tasks[0], result), ENGINE, cfg)
+    copy = copy_row(tasks[1].page, tasks[0], result, ENGINE, cfg)
     for row in (first, copy):
         assert row.flags == ("invisible_text", "prompt_injection", "pii", "pii_email")
         assert row.flag_detail[0] == "prompt_injection: x" and row.flag_detail[1].startswith("pii_email")
