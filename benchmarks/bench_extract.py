@@ -47,7 +47,7 @@ from transforms import budget  # noqa: E402
 from transforms.engine import Engine, EngineSettings, is_cpu_platform, prepare_environment  # noqa: E402
 from transforms.engine_feed import extract_all  # noqa: E402
 from transforms.extract import ExtractConfig, make_task, to_rows  # noqa: E402
-from transforms.intake import IntakeLimits, inspect_document  # noqa: E402
+from transforms.inspection import IntakeLimits, inspect_document  # noqa: E402
 from transforms.pages import RenderSettings, render_document  # noqa: E402
 
 # The pipeline's defaults (pipelines/options.py) except max_side, which is a flag here.

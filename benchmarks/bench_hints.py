@@ -33,7 +33,7 @@ from tests import docmaker  # noqa: E402
 from transforms import budget  # noqa: E402
 from transforms.formats import sniff_format  # noqa: E402
 from transforms.hints import HintSettings, apply_hint, choose_hint  # noqa: E402
-from transforms.intake import IntakeLimits, inspect_document  # noqa: E402
+from transforms.inspection import IntakeLimits, inspect_document  # noqa: E402
 from transforms.ocr import OcrResult, OcrSettings, run_tesseract  # noqa: E402
 from transforms.pages import RenderSettings, render_document  # noqa: E402
 from transforms.sizes import low_detail_size  # noqa: E402

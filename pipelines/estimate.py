@@ -35,7 +35,7 @@ from pipelines.storage import StorageConfig
 from schemas.extraction import ExtractionSchema
 from schemas.records import API_ROUTE_PREFIX
 from transforms import budget
-from transforms.intake import list_matching
+from transforms.listing import list_matching
 from transforms.outputs import MarkdownFormat, load_output
 from transforms.prompt import SYSTEM_PROMPT, chat_messages, clean_hint, control_tokens, user_text
 from transforms.sizes import low_detail_size

@@ -21,8 +21,8 @@ from typing import Any
 from pipelines.estimate_scan import Scanned
 from schemas.records import DocumentRecord, PageImage
 from transforms.hints import HintSettings, choose_hint
-from transforms.intake import read_capped
 from transforms.pages import RenderSettings, render_document
+from transforms.reading import read_capped
 
 Z95 = 1.96
 

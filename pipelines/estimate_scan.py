@@ -20,7 +20,9 @@ from pipelines.storage import StorageConfig
 from schemas.records import DocumentRecord, ListedObject, model_routes_sql
 from schemas.statuses import SUCCESS, sql_list
 from transforms.dedup import split_duplicates
-from transforms.intake import IntakeLimits, inspect_document, read_capped, size_gate
+from transforms.inspection import IntakeLimits, inspect_document
+from transforms.intake import size_gate
+from transforms.reading import read_capped
 from transforms.sizes import PageSize, image_page_sizes, pdf_page_sizes
 
 

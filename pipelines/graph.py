@@ -10,15 +10,16 @@ import apache_beam as beam
 
 from pipelines.settings import RunSettings
 from schemas.records import PageImage, PageRow
-from schemas.statuses import RENDERED
+from schemas.statuses import REJECTED, RENDERED
 from transforms.cache import CACHED, ReadEarlierPages, SkipCachedDocuments, SkipDoneDocuments
 from transforms.dedup import DUPLICATES, DedupDocuments
 from transforms.engine import Engine
 from transforms.extract import EngineFactory, ExtractPages  # vLLM is imported by workers only
 from transforms.hints import HintsDoFn, Ocr
 from transforms.inspection import PageCounter, count_pages
-from transforms.intake import REJECTED, IntakeDoFn, ListObjects
+from transforms.intake import IntakeDoFn
 from transforms.intake_worker import TimedIntakeDoFn
+from transforms.listing import ListObjects
 from transforms.outcome import DocumentOutcomes
 from transforms.page_ranges import SplitPageRanges
 from transforms.page_work import PageStages

@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from pipelines.storage import StorageConfig
-from transforms.intake import literal_prefix
+from transforms.listing import literal_prefix
 
 # Short timeouts and few retries: a wrong endpoint must fail in seconds, not minutes.
 CONNECT_TIMEOUT_S = 5

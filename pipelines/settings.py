@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from transforms.engine import EngineSettings
 from transforms.extract import ExtractConfig
 from transforms.hints import HintSettings
-from transforms.intake import IntakeLimits
+from transforms.inspection import IntakeLimits
 from transforms.ocr import OcrSettings
 from transforms.pages import RenderSettings
 from transforms.reading import ReadConfig

@@ -89,7 +89,7 @@ def extract_config(**changes: Any) -> ExtractConfig:
 
 def rendered_pages(documents: dict[str, bytes]) -> list[PageImage]:
     from schemas.records import DocumentRecord, ListedObject, PageImage
-    from transforms.intake import IntakeLimits, inspect_document
+    from transforms.inspection import IntakeLimits, inspect_document
     from transforms.pages import RenderSettings, render_document
 
     settings = RenderSettings(dpi=150, max_side=1288, jpeg_quality=90, max_text_chars=20_000,

@@ -19,7 +19,7 @@ from tests.conftest import CORPUS as SHARED_CORPUS
 from tests.conftest import vllm_available
 from tests.pipelines import cost_runs
 from transforms import budget, sizes
-from transforms.intake import IntakeLimits
+from transforms.inspection import IntakeLimits
 from transforms.pages import RenderSettings, render_document
 
 REPO = Path(__file__).resolve().parents[2]

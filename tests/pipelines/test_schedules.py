@@ -24,7 +24,7 @@ from schemas import tables
 from schemas.layout import partition
 from schemas.records import ListedObject
 from tests import docmaker
-from transforms.intake import in_window
+from transforms.listing import in_window
 from transforms.write import write_rows
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from schemas.records import DocumentRecord, DocumentRow, ListedObject, PageImage, PageRow
-from transforms.intake import IntakeLimits, inspect_document
+from transforms.inspection import IntakeLimits, inspect_document
 from transforms.pages import RenderSettings, render_document
 
 LIMIT = 1_000_000

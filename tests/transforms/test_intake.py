@@ -10,23 +10,13 @@ import pytest
 from PIL import Image
 
 from schemas.records import REASON_CODES, DocumentRecord, DocumentRow, ListedObject
+from schemas.statuses import REJECTED
 from tests import docmaker
 from transforms.formats import sniff_format
-from transforms.intake import (
-    MISSING,
-    REJECTED,
-    IntakeDoFn,
-    IntakeLimits,
-    ListObjects,
-    _missing,
-    expand_input,
-    in_window,
-    inspect_document,
-    read_capped,
-    reject,
-    size_gate,
-    to_listed,
-)
+from transforms.inspection import IntakeLimits, inspect_document, reject
+from transforms.intake import IntakeDoFn, size_gate
+from transforms.listing import MISSING, ListObjects, _missing, expand_input, in_window, to_listed
+from transforms.reading import read_capped
 
 LIMITS = IntakeLimits(max_bytes=50 * 2**20, max_pages=5000, max_image_pixels=89_478_485)
 
@@ -307,7 +297,7 @@ def _tree(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("glob", ["{d}/**", "{d}/*.pdf", "{d}/l*"])
 def test_symlink_out_of_a_listed_folder_is_not_followed(tmp_path: Path, glob: str) -> None:
-    from transforms.intake import OUTSIDE, match_pattern
+    from transforms.listing import OUTSIDE, match_pattern
 
     folder = _tree(tmp_path)
     listed = {Path(o.uri).name: o for o in match_pattern(glob.format(d=folder))}
@@ -321,7 +311,7 @@ def test_symlink_out_of_a_listed_folder_is_not_followed(tmp_path: Path, glob: st
 
 
 def test_a_file_named_on_its_own_is_followed(tmp_path: Path) -> None:
-    from transforms.intake import match_pattern
+    from transforms.listing import match_pattern
 
     folder = _tree(tmp_path)
     (listed,) = match_pattern(str(folder / "link.pdf"))  # named explicitly: the caller chose it
@@ -416,7 +406,7 @@ def test_the_estimate_lists_what_the_pipeline_lists(tmp_path: Path, since: float
     from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
     from apache_beam.testing.util import assert_that, equal_to
 
-    from transforms.intake import OUTSIDE, list_matching
+    from transforms.listing import OUTSIDE, list_matching
 
     folder = _tree(tmp_path)
     (folder / "sub").mkdir()

@@ -14,10 +14,11 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from schemas.reasons import SYSTEM_REASONS
 from schemas.records import REASON_CODES, DocumentRecord, DocumentRow, ListedObject
+from schemas.statuses import REJECTED
 from tests import docmaker
 from tests.conftest import CORPUS
 from transforms.inspection import IntakeLimits, count_pages
-from transforms.intake import REJECTED, IntakeDoFn
+from transforms.intake import IntakeDoFn
 from transforms.intake_worker import TimedIntakeDoFn
 
 LIMITS = IntakeLimits(max_bytes=50 * 2**20, max_pages=5000, max_image_pixels=89_478_485)
