@@ -1,6 +1,6 @@
 """Feed efficiency: the whole pipeline feeding a simulated engine of fixed capacity.
 
-The engine is transforms.engine_sim.SimulatedEngine: C slots (continuous batching), S seconds a page,
+The engine is transforms.engines.simulated.SimulatedEngine: C slots (continuous batching), S seconds a page,
 no CPU use, so its capacity is C/S pages/s and everything else is the pipeline (listing, intake,
 rendering, safety gate, hints/OCR, the extraction stage's lookups and feed, writing). For each kind of
 page (born-digital text PDFs; scanned PNGs, which are OCR'd) and each size it runs, each in a fresh
@@ -64,7 +64,7 @@ def one_run(kind: str, pages: int, slots: int, seconds: float) -> dict[str, Any]
     from pipelines.graph import build_pipeline
     from pipelines.options import PagemillOptions
     from pipelines.settings import run_settings
-    from transforms.engine_sim import simulated
+    from transforms.engines.simulated import simulated
 
     with tempfile.TemporaryDirectory(prefix="bench-feed-") as tmp:
         inputs, output = Path(tmp) / "in", Path(tmp) / "out"

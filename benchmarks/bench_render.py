@@ -4,9 +4,9 @@ Makes one N-page text PDF with docmaker (different text on every page), then
   1. runs `pagemill run --extract false` on it in a subprocess and reports wall time, pages/s, CPU time,
      the subprocess's peak RSS (getrusage of children) and the per-page stage means from its manifest;
   2. runs the same CPU stages as plain functions over the same bytes in a bare loop in this process, on one
-     core, and reports each stage's CPU per page: render (transforms.pages.render_document: render + pixel
-     hash + text layer + raster check + JPEG encode), gate (transforms.safety.screen_page with the default
-     classifier) and hints (transforms.hints.choose_hint/apply_hint, no OCR as in a render-only run);
+     core, and reports each stage's CPU per page: render (transforms.pages.render.render_document: render + pixel
+     hash + text layer + raster check + JPEG encode), gate (transforms.safety.gate.screen_page with the default
+     classifier) and hints (transforms.hints.choose.choose_hint/apply_hint, no OCR as in a render-only run);
 and prints the Beam overhead ratio (bare pages per CPU-second / pipeline pages per CPU-second), against the
 bare render alone and against the bare render + gate + hints. Prints figures; asserts nothing about time.
 
@@ -34,9 +34,9 @@ sys.path.insert(0, str(REPO))
 
 from schemas.records import DocumentRecord, PageImage  # noqa: E402
 from tests import docmaker  # noqa: E402
-from transforms.hints import HintSettings, apply_hint, choose_hint  # noqa: E402
-from transforms.pages import RenderSettings, render_document  # noqa: E402
-from transforms.safety import SafetyConfig, holds_picture, load_checks, screen_page  # noqa: E402
+from transforms.hints.choose import HintSettings, apply_hint, choose_hint  # noqa: E402
+from transforms.pages.render import RenderSettings, render_document  # noqa: E402
+from transforms.safety.gate import SafetyConfig, holds_picture, load_checks, screen_page  # noqa: E402
 
 WORDS = ("invoice total amount due payment net gross tax freight order quantity unit price supplier customer "
          "account reference period balance credit debit remittance shipment delivery carrier warehouse").split()

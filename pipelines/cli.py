@@ -32,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "make-test-model":
         return make_test_model_command(rest)
     if command == "presets":
-        from transforms.presets import listing
+        from transforms.model.presets import listing
 
         print(listing())
         return 0
@@ -48,7 +48,7 @@ def run_command(argv: Sequence[str]) -> int:
     """Parse the run's flags (command line, --job file, --preset, storage) and hand them to pipelines/run.py."""
     from pipelines.options import OptionError, PagemillOptions, local_workers_flags, merge_flags
     from pipelines.storage import add_storage_args, storage_from
-    from transforms.presets import with_preset
+    from transforms.model.presets import with_preset
 
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--job", default=None)

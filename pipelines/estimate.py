@@ -4,7 +4,7 @@ rendering (`pipelines.estimate_scan`), apply dedup by sha256 and the result cach
 price them: self-hosted GPU time from a measured throughput, and hosted APIs at their list prices.
 
 Every figure says where it comes from (the `assumptions` list). Image tokens for --model-family are the
-page stage's exact sizes through `transforms.budget`'s estimator (exact for Qwen2-VL); the prompt's text
+page stage's exact sizes through `transforms.model.budget`'s estimator (exact for Qwen2-VL); the prompt's text
 tokens are exact when --model's tokenizer is on this machine, else characters / 4.
 """
 from __future__ import annotations
@@ -34,12 +34,12 @@ from pipelines.settings import run_settings
 from pipelines.storage import StorageConfig
 from schemas.extraction import ExtractionSchema
 from schemas.records import API_ROUTE_PREFIX
-from transforms import budget
-from transforms.listing import list_matching
-from transforms.outputs import MarkdownFormat, load_output
-from transforms.prompt import SYSTEM_PROMPT, chat_messages, clean_hint, control_tokens, user_text
-from transforms.sizes import low_detail_size
-from transforms.token_math import rule_for
+from transforms.intake.listing import list_matching
+from transforms.model import budget
+from transforms.model.markdown import MarkdownFormat, load_output
+from transforms.model.prompt import SYSTEM_PROMPT, chat_messages, clean_hint, control_tokens, user_text
+from transforms.model.token_math import rule_for
+from transforms.pages.sizes import low_detail_size
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def load_throughput(model: str, override: float | None) -> Throughput:
 
 
 class PromptTokens:
-    """Text tokens of one page's prompt (system message, schema, hint) as `transforms.extract.prepare` counts
+    """Text tokens of one page's prompt (system message, schema, hint) as `transforms.model.extract.prepare` counts
     them: exact with --model's own tokenizer and chat template when they are on this machine (offline),
     else characters / 4 of the same text."""
 

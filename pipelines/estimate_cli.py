@@ -69,7 +69,7 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, PagemillOptions, Sto
     parser.add_argument("--sample-seed", type=int, default=0, help="seed of the --sample-pages sample")
     add_storage_args(parser)
     args, rest = parser.parse_known_args(argv)
-    from transforms.presets import with_preset
+    from transforms.model.presets import with_preset
 
     options = PagemillOptions(with_preset(merge_flags(rest, args.job)))
     # As `pagemill run`: storage flags on the command line win over those in the job file or Beam's own.

@@ -20,9 +20,9 @@ from typing import Any
 
 from pipelines.estimate_scan import Scanned
 from schemas.records import DocumentRecord, PageImage
-from transforms.hints import HintSettings, choose_hint
-from transforms.pages import RenderSettings, render_document
-from transforms.reading import read_capped
+from transforms.hints.choose import HintSettings, choose_hint
+from transforms.intake.reading import read_capped
+from transforms.pages.render import RenderSettings, render_document
 
 Z95 = 1.96
 
@@ -98,7 +98,7 @@ def decide(docs: Sequence[Scanned], render: RenderSettings, hints: HintSettings,
     share = {k: (low / n, n) for k, (low, n) in measured.items() if n}
     if len(rendered) >= total:
         method = (f"rendered every page ({total:,}): hints and detail chosen by the run's own functions "
-                  "(transforms.pages.render_document, transforms.hints.choose_hint)")
+                  "(transforms.pages.render.render_document, transforms.hints.choose.choose_hint)")
     else:
         method = (f"rendered a seeded random sample of {len(rendered):,} of {total:,} pages (--sample-pages {budget}, "
                   f"--sample-seed {seed}; whole documents in random order): hints and detail chosen by the run's "

@@ -1,7 +1,7 @@
 """The scanning half of `pagemill estimate`: read, hash, sniff, count pages and measure them, in plain
 Python (no Beam pipeline), with the pipeline's own intake functions so that an object is rejected here for
 exactly the reason `pagemill run` would reject it (the listing is intake's own `list_matching`, the page
-sizes `transforms.sizes`, the duplicates `transforms.dedup.split_duplicates`).
+sizes `transforms.pages.sizes`, the duplicates `transforms.intake.dedup.split_duplicates`).
 
 Cost: every object under --max-bytes is read once in full (the sha256 that dedup and the cache need
 cannot be had otherwise) and opened once more to measure its pages; nothing is rendered. Objects are
@@ -19,11 +19,11 @@ from pipelines import sql
 from pipelines.storage import StorageConfig
 from schemas.records import DocumentRecord, ListedObject, model_routes_sql
 from schemas.statuses import SUCCESS, sql_list
-from transforms.dedup import split_duplicates
-from transforms.inspection import IntakeLimits, inspect_document
-from transforms.intake import size_gate
-from transforms.reading import read_capped
-from transforms.sizes import PageSize, image_page_sizes, pdf_page_sizes
+from transforms.intake.accept import size_gate
+from transforms.intake.dedup import split_duplicates
+from transforms.intake.inspection import IntakeLimits, inspect_document
+from transforms.intake.reading import read_capped
+from transforms.pages.sizes import PageSize, image_page_sizes, pdf_page_sizes
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def scan(objects: Sequence[ListedObject], s: ScanSettings, workers: int = 8) -> 
 
 
 def duplicates(scanned: Iterable[Scanned]) -> dict[str, str]:
-    """uri -> the uri it duplicates: the run's own rule (`transforms.dedup.split_duplicates`) on the
+    """uri -> the uri it duplicates: the run's own rule (`transforms.intake.dedup.split_duplicates`) on the
     accepted copies of each sha256."""
     copies: dict[str, list[DocumentRecord]] = {}
     for d in scanned:

@@ -11,29 +11,29 @@ import apache_beam as beam
 from pipelines.settings import RunSettings
 from schemas.records import PageImage, PageRow
 from schemas.statuses import REJECTED, RENDERED
-from transforms.cache import CACHED, ReadEarlierPages, SkipCachedDocuments, SkipDoneDocuments
-from transforms.dedup import DUPLICATES, DedupDocuments
-from transforms.engine import Engine
-from transforms.extract import EngineFactory, ExtractPages  # vLLM is imported by workers only
-from transforms.hints import HintsDoFn, Ocr
-from transforms.inspection import PageCounter, count_pages
-from transforms.intake import IntakeDoFn
-from transforms.intake_worker import TimedIntakeDoFn
-from transforms.listing import ListObjects
-from transforms.outcome import DocumentOutcomes
-from transforms.page_ranges import SplitPageRanges
-from transforms.page_work import PageStages
-from transforms.pages import FAILED_PAGES, RenderPagesDoFn
-from transforms.progress import ProgressDoFn
-from transforms.reading import ObjectReader
-from transforms.render_worker import TimedRenderPagesDoFn
-from transforms.safety import QUARANTINED, DocumentGateDoFn, SafetyGateDoFn
-from transforms.write import WriteTables
+from transforms.engines.local import Engine
+from transforms.hints.choose import HintsDoFn, Ocr
+from transforms.intake.accept import IntakeDoFn
+from transforms.intake.dedup import DUPLICATES, DedupDocuments
+from transforms.intake.inspection import PageCounter, count_pages
+from transforms.intake.listing import ListObjects
+from transforms.intake.reading import ObjectReader
+from transforms.intake.timed import TimedIntakeDoFn
+from transforms.model.extract import EngineFactory, ExtractPages  # vLLM is imported by workers only
+from transforms.output.cache import CACHED, ReadEarlierPages, SkipCachedDocuments, SkipDoneDocuments
+from transforms.output.outcome import DocumentOutcomes
+from transforms.output.progress import ProgressDoFn
+from transforms.output.write import WriteTables
+from transforms.pages.ranges import SplitPageRanges
+from transforms.pages.render import FAILED_PAGES, RenderPagesDoFn
+from transforms.pages.timed import TimedRenderPagesDoFn
+from transforms.pages.work import PageStages
+from transforms.safety.gate import QUARANTINED, DocumentGateDoFn, SafetyGateDoFn
 
 
 def intake_dofn(s: RunSettings, count: PageCounter = count_pages) -> IntakeDoFn:
     """Intake; with --document-timeout-s, its page count (opening the document) runs in a child process
-    killed at that limit (transforms/intake_worker.py); with it 0, in this process."""
+    killed at that limit (transforms/intake/timed.py); with it 0, in this process."""
     if s.limits.document_timeout_s > 0:
         return TimedIntakeDoFn(s.intake, s.limits.document_timeout_s, ObjectReader(s.read), count)
     return IntakeDoFn(s.intake, ObjectReader(s.read))
@@ -41,7 +41,7 @@ def intake_dofn(s: RunSettings, count: PageCounter = count_pages) -> IntakeDoFn:
 
 def render_dofn(s: RunSettings, ocr: Ocr | None = None) -> RenderPagesDoFn:
     """Rendering, the safety gate and the hints in a worker process under the time limits
-    (transforms/page_work.py); with both limits off, rendering alone, in this process."""
+    (transforms/pages/work.py); with both limits off, rendering alone, in this process."""
     if s.limits.enabled:
         return TimedRenderPagesDoFn(s.render, s.limits, reader=ObjectReader(s.read),
                                     stages=PageStages(s.safety, s.hints, ocr))
@@ -61,11 +61,11 @@ def extract_pages(pages: beam.PCollection, s: RunSettings, earlier: beam.PCollec
     if engine_factory is Engine and s.endpoint is not None:
         from functools import partial
 
-        from transforms.engine_openai import OpenAIEngine
+        from transforms.engines.served import OpenAIEngine
 
         engine_factory = partial(OpenAIEngine, s.endpoint)
     elif engine_factory is Engine and s.engine.service_dir:
-        from transforms.engine_remote import RemoteEngine
+        from transforms.engines.machine import RemoteEngine
 
         engine_factory = RemoteEngine
     return pages | "Extract" >> ExtractPages(s.engine, s.extract, engine_factory, earlier=earlier)

@@ -31,7 +31,7 @@ def check_options(o: Any) -> list[str]:
         if getattr(o, name) < 0:
             problems.append(f"--{name.replace('_', '-')} {getattr(o, name):g} is negative (0 turns it off)")
     from pipelines.settings import safety_config  # run_settings needs the checks below to pass
-    from transforms.safety import check_config
+    from transforms.safety.gate import check_config
 
     problems += check_config(safety_config(o))  # a bad blocklist fails here, not on a worker
     if not o.extract:
@@ -42,8 +42,8 @@ def check_options(o: Any) -> list[str]:
     elif looks_local and not Path(o.model).expanduser().exists():
         problems.append(f"--model {o.model}: no such model folder (a hub id looks like org/name)")
     from schemas.extraction import SchemaError
-    from transforms.outputs import load_output
-    from transforms.token_math import rule_for
+    from transforms.model.markdown import load_output
+    from transforms.model.token_math import rule_for
 
     try:
         _, markdown = load_output(o.schema)
@@ -80,6 +80,6 @@ def endpoint_option_problems(o: Any) -> list[str]:
 
 
 def load_price_names() -> list[str]:
-    from transforms.budget import load_prices
+    from transforms.model.budget import load_prices
 
     return list(load_prices()["providers"])

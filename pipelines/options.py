@@ -98,7 +98,7 @@ class PagemillOptions(PipelineOptions):
         _flag(parser, "engine_service_dir", default=None,
               help="folder of the machine's engine service (default: run-scoped, under the temp dir)")
         _flag(parser, "max_hint_chars", type=int, default=4000, help="cap on the text hint in a prompt")
-        # A served model instead of the in-process engine (transforms/engine_openai.py, docs/served.md).
+        # A served model instead of the in-process engine (transforms/engines/served.py, docs/served.md).
         _flag(parser, "engine", default="vllm", choices=("vllm", "openai"),
               help="vllm: the in-process engine; openai: an OpenAI-compatible endpoint (--endpoint)")
         _flag(parser, "endpoint", default=None, help="--engine openai: the API's base URL, e.g. http://host:8000/v1")
@@ -113,7 +113,7 @@ class PagemillOptions(PipelineOptions):
         _flag(parser, "workers", type=int, default=0,
               help="worker processes of a local (DirectRunner) run: 0 = one a core, 1 = in this process; "
                    "Beam's --direct_running_mode / --direct_num_workers, when given, win")
-        # Safety gate (transforms/safety.py) and hints (transforms/hints.py).
+        # Safety gate (transforms/safety/gate.py) and hints (transforms/hints/choose.py).
         _flag(parser, "blocklist", action="append", default=None,
               help="file or URI of `sha256:<hex>` / `pdq:<hex>` lines (# comments); repeatable")
         _flag(parser, "pdq_threshold", type=int, default=31, help="largest PDQ Hamming distance that matches")

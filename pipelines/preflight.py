@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from pipelines.storage import StorageConfig
-from transforms.listing import literal_prefix
+from transforms.intake.listing import literal_prefix
 
 # Short timeouts and few retries: a wrong endpoint must fail in seconds, not minutes.
 CONNECT_TIMEOUT_S = 5
@@ -138,7 +138,7 @@ def check_endpoint(endpoint: str, model: str, api_key_env: str | None) -> str | 
     """`--engine openai`: GET {endpoint}/models answers, within seconds, and lists --model. One line, or None."""
     import httpx
 
-    from transforms.engine_openai import auth_headers, base_url
+    from transforms.engines.served import auth_headers, base_url
 
     if api_key_env and not os.environ.get(api_key_env):
         return f"--api-key-env {api_key_env}: that environment variable is not set"

@@ -24,7 +24,7 @@ def run(options: Any, storage: Any) -> int:
     from pipelines.preflight import preflight
     from pipelines.settings import run_settings
     from pipelines.storage import configure
-    from transforms.run_root import clear_run, compact_run, run_files, tenant_files
+    from transforms.output.run_root import clear_run, compact_run, run_files, tenant_files
 
     o = options.view_as(PagemillOptions)
     job_name = options.view_as(GoogleCloudOptions).job_name
@@ -56,7 +56,7 @@ def run(options: Any, storage: Any) -> int:
         result = pipeline.run()
         result.wait_until_finish()
     except Exception as err:  # noqa: BLE001 - one clear line; the runner has logged the traceback
-        from transforms.run_root import run_failure
+        from transforms.output.run_root import run_failure
 
         # Not finished: no manifest (a `--since-last-run` nightly must not start after this run), and
         # the rows written so far stay for the resume.
@@ -88,7 +88,7 @@ def run_id_taken(output: str, tenant: str, run_id: str) -> list[str]:
     """A run id belongs to the tenant that first wrote it: another tenant neither resumes, clears nor
     overwrites its manifest (the manifest is `runs/<run_id>.json`, one per run id)."""
     from pipelines.manifest import manifest_tenant
-    from transforms.run_root import run_tenants
+    from transforms.output.run_root import run_tenants
 
     owners = run_tenants(output, run_id) | ({manifest_tenant(output, run_id)} - {None})
     if owners - {tenant}:  # the owner is not named: one tenant learns nothing about another

@@ -2,7 +2,7 @@
 
 The one place that turns PagemillOptions into the stages' settings objects: the graph builder
 (pipelines/graph.py), the run (pipelines/run.py) and the estimate take a RunSettings, never the options'
-fields one by one. The cache configuration key is derived from these objects (transforms/settings_key.py),
+fields one by one. The cache configuration key is derived from these objects (transforms/output/cache_key.py),
 so a new setting joins the key unless it is named in that module's EXCLUDE set.
 
 `option_checks` validates the options before a RunSettings can be built (a bad schema or model folder
@@ -13,21 +13,21 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from transforms.engine import EngineSettings
-from transforms.extract import ExtractConfig
-from transforms.hints import HintSettings
-from transforms.inspection import IntakeLimits
-from transforms.ocr import OcrSettings
-from transforms.pages import RenderSettings
-from transforms.reading import ReadConfig
-from transforms.render_worker import RenderLimits
-from transforms.safety import SafetyConfig
-from transforms.settings_key import settings_key
-from transforms.write import FlushPolicy
+from transforms.engines.local import EngineSettings
+from transforms.hints.choose import HintSettings
+from transforms.hints.ocr import OcrSettings
+from transforms.intake.inspection import IntakeLimits
+from transforms.intake.reading import ReadConfig
+from transforms.model.extract import ExtractConfig
+from transforms.output.cache_key import settings_key
+from transforms.output.write import FlushPolicy
+from transforms.pages.render import RenderSettings
+from transforms.pages.timed import RenderLimits
+from transforms.safety.gate import SafetyConfig
 
 if TYPE_CHECKING:
     from pipelines.options import PagemillOptions
-    from transforms.engine_openai import EndpointSettings
+    from transforms.engines.served import EndpointSettings
 
 
 @dataclass(frozen=True)
@@ -113,13 +113,13 @@ def engine_settings(o: PagemillOptions) -> EngineSettings:
                        kv_cache_gib=o.kv_cache_gib, enforce_eager=o.enforce_eager, in_process=o.engine_in_process)
     if o.engine != "vllm" or not machine_engine(o):
         return s
-    from transforms.engine_remote import service_dir
+    from transforms.engines.machine import service_dir
 
     return replace(s, service_dir=o.engine_service_dir or service_dir(o.run_id or "", s))
 
 
 def endpoint_settings(o: PagemillOptions) -> EndpointSettings:
-    from transforms.engine_openai import EndpointSettings
+    from transforms.engines.served import EndpointSettings
 
     return EndpointSettings(endpoint=o.endpoint or "", model=o.model, api_key_env=o.api_key_env,
                             concurrency=max(1, o.concurrency), request_timeout_s=o.request_timeout_s,
@@ -135,9 +135,9 @@ def model_route(o: PagemillOptions) -> str:
 
 def extract_config(o: PagemillOptions, render_key: str) -> ExtractConfig:
     """`render_key`: the key of the settings before the model (render, gate, hints) that change a page."""
-    from transforms.budget import load_prices
-    from transforms.outputs import load_output
-    from transforms.token_math import rule_for
+    from transforms.model.budget import load_prices
+    from transforms.model.markdown import load_output
+    from transforms.model.token_math import rule_for
 
     # A served endpoint: its requests in flight, and as many queued behind them in the stage.
     in_flight = o.max_in_flight or (2 * max(1, o.concurrency) if o.engine == "openai" else 0)

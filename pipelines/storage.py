@@ -5,7 +5,7 @@ FileSystems, pre-flight's boto3 client and DuckDB's pyarrow filesystem get them 
 processes get them as Beam's own S3 pipeline options (`--s3_access_key_id`, ...), which Beam hands to
 every SDK worker with the rest of the options. A `--s3-profile` is resolved to keys here, once, because
 workers on other machines have no profile file. Children that do not need them (Tesseract) get a
-minimal environment of their own (transforms/ocr.py).
+minimal environment of their own (transforms/hints/ocr.py).
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ SYSTEM_REASONS = frozenset({
     "timeout",             # --document-timeout-s / --page-timeout-s stopped the work
     "safety_check_error",  # a safety check raised: the page is quarantined, fail closed
     "extraction_failed",   # a document's pages produced no row at all (lost work)
-    "storage_error",       # the object store kept failing past the read retries (transforms/reading.py)
+    "storage_error",       # the object store kept failing past the read retries (transforms/intake/reading.py)
 })
 # The model ran but its answer failed the checks: data quality, reported per page, not a system failure.
 MODEL_OUTPUT_REASONS = frozenset({"invalid_json", "schema_invalid", "truncated", "front_matter_invalid"})

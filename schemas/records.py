@@ -95,7 +95,7 @@ class DocumentRecord:
     doc_sha256: str
     format: str
     page_count: int
-    # A render unit (transforms/page_ranges.py): pages [first_page, end_page) of the document; the
+    # A render unit (transforms/pages/ranges.py): pages [first_page, end_page) of the document; the
     # whole document when end_page is 0. Its `documents` row is still built once, from every unit's pages.
     first_page: int = 0
     end_page: int = 0
@@ -136,7 +136,7 @@ class PageImage:
     text_layer: str = ""
     hint_source: str = "none"
     # Set by the page stage: how much of the page's ink the text layer explains, and the text-layer
-    # runs that the rendered pixels do not show (see transforms/textlayer.py).
+    # runs that the rendered pixels do not show (see transforms/pages/textlayer.py).
     text_coverage: float = 0.0
     invisible_text: tuple[str, ...] = ()
     # Set by the page stage: the page may show a picture (an image input, or a PDF page that draws a
@@ -195,7 +195,7 @@ class PageRow:
     image_tokens_saved: int = 0  # image tokens that sending the page at full detail would have cost more
     rendered_at: dt.datetime | None = None  # the page left the CPU stages
     extracted_at: dt.datetime | None = None  # its result came back (cached, duplicate: was available)
-    # Markdown output (--schema markdown / olmocr, transforms/outputs.py): the page text, and the front
+    # Markdown output (--schema markdown / olmocr, transforms/model/markdown.py): the page text, and the front
     # matter's fields where the format has them. None on JSON rows.
     markdown: str | None = None
     primary_language: str | None = None

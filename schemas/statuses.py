@@ -25,7 +25,7 @@ PAGE_STATUSES = {
 }
 
 # Statuses whose extraction is a valid answer: they make a document `extracted`, and the result cache
-# reuses them (transforms/outcome.py, transforms/cache.py).
+# reuses them (transforms/output/outcome.py, transforms/output/cache.py).
 SUCCESS = frozenset({OK, CACHED, DUPLICATE})
 # Statuses of pages the model answered (a cached or duplicate page never reached it).
 MODEL_ANSWERED = frozenset({OK, INVALID})

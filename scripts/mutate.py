@@ -7,7 +7,7 @@ many mutants the tests killed. A mutant that makes the tests time out counts as 
 reaches ("no tests") counts as surviving.
 
     python scripts/mutate.py                       # everything (about 1,900 mutants; 30-60 min on 2 cores)
-    python scripts/mutate.py "transforms.prompt*"  # one module
+    python scripts/mutate.py "transforms.model.prompt*"  # one module
     python scripts/mutate.py --summary-only        # the table from the last run
 """
 from __future__ import annotations
@@ -60,7 +60,7 @@ def markdown(by_module: dict[str, Counter[str]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mutants", nargs="*", help="mutant name globs, e.g. 'transforms.prompt*' (default: all)")
+    ap.add_argument("mutants", nargs="*", help="mutant name globs, e.g. 'transforms.model.prompt*' (default: all)")
     ap.add_argument("--summary-only", action="store_true", help="print the table of the last run")
     ap.add_argument("--markdown", action="store_true", help="the table as Markdown (for the README)")
     args = ap.parse_args(argv)

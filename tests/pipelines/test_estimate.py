@@ -18,9 +18,10 @@ from tests import docmaker
 from tests.conftest import CORPUS as SHARED_CORPUS
 from tests.conftest import vllm_available
 from tests.pipelines import cost_runs
-from transforms import budget, sizes
-from transforms.inspection import IntakeLimits
-from transforms.pages import RenderSettings, render_document
+from transforms.intake.inspection import IntakeLimits
+from transforms.model import budget
+from transforms.pages import sizes
+from transforms.pages.render import RenderSettings, render_document
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = SHARED_CORPUS / "extraction_gt"
@@ -47,7 +48,7 @@ def estimate_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
 
 
 def rendered_sizes(data: bytes, dpi: float, max_side: int, limit: int | None = None) -> list[tuple[int, int] | str]:
-    """What transforms.pages really produces: (width, height) of each page, or its reason code."""
+    """What transforms.pages.render really produces: (width, height) of each page, or its reason code."""
     settings = RenderSettings(dpi=dpi, max_side=max_side, jpeg_quality=90, max_text_chars=20_000,
                               max_page_points=14_400, max_image_pixels=LIMITS.max_image_pixels,
                               max_bytes=LIMITS.max_bytes)
@@ -145,7 +146,7 @@ def test_counts_follow_intake_dedup_and_page_limits(tmp_path_factory: pytest.Tem
     assert p["failed_before_model"] == {"page_too_large": 1}
     assert p["to_model"] == 9 == sum(1 for x in r["per_page"] if x["status"] == "model")
     model = [x for x in r["per_page"] if x["status"] == "model"]
-    # Derived by hand, not with transforms.budget. At --max-side 800 an A4 page (595x842 pt) renders 566x800
+    # Derived by hand, not with transforms.model.budget. At --max-side 800 an A4 page (595x842 pt) renders 566x800
     # and the scan 470x620. --detail auto sends the 8 text-layer pages at --low-detail-side 640 (453x640)
     # and the scan as rendered. Qwen2-VL rounds each side to a multiple of 28 px, one token per 28x28:
     #   453x640 -> 448x644 -> 16x23 = 368 tokens;  566x800 -> 560x812 -> 20x29 = 580;  470x620 -> 476x616 ->
@@ -178,7 +179,7 @@ def test_counts_follow_intake_dedup_and_page_limits(tmp_path_factory: pytest.Tem
 
 def test_over_budget_pages_shrink_or_fail(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "a.pdf").write_bytes(docmaker.invoice_pdf())
-    # Room for the prompt but only ~300 image tokens: the page is shrunk, as transforms.extract.prepare does.
+    # Room for the prompt but only ~300 image tokens: the page is shrunk, as transforms.model.extract.prepare does.
     text = estimate_json(capsys, "--input", str(tmp_path), "--per-page", "--max-model-len", "100000")["per_page"][0]
     r = estimate_json(capsys, "--input", str(tmp_path), "--per-page", "--max-tokens", "100",
                       "--max-model-len", str(text["text_tokens"] + 100 + 300))
@@ -329,7 +330,7 @@ def test_sample_is_seeded_and_whole_when_small() -> None:
 
 def scanned_doc(uri: str, pages: int) -> object:
     from pipelines.estimate_scan import Scanned
-    from transforms.sizes import PageSize
+    from transforms.pages.sizes import PageSize
 
     return Scanned(uri, 1, "accepted", None, uri, "pdf", tuple(PageSize(i, 10, 10, "t") for i in range(pages)))
 

@@ -13,7 +13,7 @@ from pipelines import cli, sql
 from pipelines.markdown_files import write_markdown
 from tests.conftest import REPO, vllm_available
 from tests.pipelines.raw import one_row_per, raw_rows
-from transforms.outputs import MARKDOWN_FORMATS
+from transforms.model.markdown import MARKDOWN_FORMATS
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")]

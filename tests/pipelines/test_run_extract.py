@@ -12,8 +12,8 @@ from schemas.extraction import load_schema
 from tests import docmaker
 from tests.conftest import vllm_available
 from tests.pipelines.raw import one_row_per, raw_rows
-from transforms import budget
-from transforms.sizes import low_detail_size
+from transforms.model import budget
+from transforms.pages.sizes import low_detail_size
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")]

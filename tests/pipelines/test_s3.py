@@ -22,7 +22,7 @@ from pipelines.storage import StorageConfig, configure
 from schemas import tables
 from tests import docmaker
 from tests.conftest import vllm_available
-from transforms.write import write_rows
+from transforms.output.write import write_rows
 
 pytest.importorskip("moto")
 boto3 = pytest.importorskip("boto3")

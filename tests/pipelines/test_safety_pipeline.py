@@ -28,12 +28,12 @@ from pipelines.options import PagemillOptions
 from pipelines.settings import run_settings
 from tests import docmaker
 from tests.conftest import vllm_available
-from tests.transforms.test_hints import RecordingOcr
-from tests.transforms.test_safety import _gradient, encode, hamming, photo
-from transforms.blocklist import pdq_hash, usable_pdq
-from transforms.classifiers import NudeNetClassifier
-from transforms.engine import Engine
-from transforms.ocr import available_languages
+from tests.transforms.hints.test_hints import RecordingOcr
+from tests.transforms.safety.test_safety import _gradient, encode, hamming, photo
+from transforms.engines.local import Engine
+from transforms.hints.ocr import available_languages
+from transforms.safety.blocklist import pdq_hash, usable_pdq
+from transforms.safety.classifiers import NudeNetClassifier
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)"),

@@ -24,8 +24,8 @@ from schemas import tables
 from schemas.layout import partition
 from schemas.records import ListedObject
 from tests import docmaker
-from transforms.listing import in_window
-from transforms.write import write_rows
+from transforms.intake.listing import in_window
+from transforms.output.write import write_rows
 
 REPO = Path(__file__).resolve().parents[2]
 NIGHTLY = str(REPO / "jobs" / "nightly.yaml")

@@ -13,7 +13,7 @@ import pytest
 
 from pipelines.storage import StorageConfig, configure
 from tests import docmaker
-from transforms.ocr import tesseract_env
+from transforms.hints.ocr import tesseract_env
 
 SECRET = "pagemill-test-secret-0f3c9a7e51"
 

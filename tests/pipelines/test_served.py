@@ -18,7 +18,7 @@ from tests.conftest import vllm_available
 from tests.pipelines import invoice2data_run
 from tests.pipelines.raw import one_row_per, raw_rows
 from tests.vllm_server import VllmServer, free_port
-from transforms import budget
+from transforms.model import budget
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")]

@@ -10,7 +10,7 @@ import pytest
 from pipelines import cli, sql
 from tests import docmaker
 from tests.conftest import vllm_available
-from transforms.ocr import available_languages
+from transforms.hints.ocr import available_languages
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)"),

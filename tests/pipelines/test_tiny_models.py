@@ -101,7 +101,7 @@ def test_leaves_global_rng_alone(tmp_path: Path) -> None:
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "llava_next", "internvl", "idefics3"])
 def test_other_families_from_the_command_line(family: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from pipelines import cli
-    from transforms.token_math import DEFAULT_RULES, rule_for
+    from transforms.model.token_math import DEFAULT_RULES, rule_for
 
     assert cli.main(["make-test-model", str(tmp_path / family), "--family", family]) == 0
     folder = Path(json.loads(capsys.readouterr().out)["model"])

@@ -1,0 +1,45 @@
+"""The engine's environment (transforms/engines/local.py engine_environment): explicit, computed from the settings,
+set once before the engine exists; an engine that finds it unset refuses to start rather than set it mid-run."""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from transforms.engines.local import ONEDNN_CACHE_CAPACITY, Engine, EngineSettings, engine_environment
+
+SETTINGS = EngineSettings(model="org/model", model_revision=None, max_model_len=8192, max_num_seqs=4,
+                          gpu_memory_utilization=0.9, tensor_parallel_size=1, limit_mm_per_prompt=1,
+                          kv_cache_gib=None, enforce_eager=False)
+
+
+def test_in_process_switch_follows_the_option_and_the_platform() -> None:
+    assert engine_environment(SETTINGS, cpu=True, environ={})["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert engine_environment(SETTINGS, cpu=False, environ={})["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+    forced = replace(SETTINGS, in_process=True)
+    assert engine_environment(forced, cpu=False, environ={})["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    # The option wins over a value already there.
+    assert engine_environment(forced, cpu=False, environ={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}) == \
+        {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+def test_onednn_cache_on_a_cpu_and_offline_hub_for_a_folder_unless_set(tmp_path: Path) -> None:
+    local = replace(SETTINGS, model=str(tmp_path))
+    env = engine_environment(local, cpu=True, environ={})
+    assert env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1",
+                   "ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(ONEDNN_CACHE_CAPACITY)}
+    assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in engine_environment(local, cpu=False, environ={})
+    assert "HF_HUB_OFFLINE" not in engine_environment(SETTINGS, cpu=True, environ={})  # a hub id
+    caller = {"HF_HUB_OFFLINE": "0", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    assert engine_environment(local, cpu=True, environ=caller) == {}  # the caller's values stay; nothing to set
+
+
+def test_an_engine_whose_environment_is_unset_refuses_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("vllm")
+    from transforms.engines.local import is_cpu_platform
+
+    wrong = "1" if is_cpu_platform() else "0"  # the opposite of what the default settings need
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", wrong)
+    with pytest.raises(RuntimeError, match="prepare_environment"):
+        Engine(SETTINGS).start()

@@ -1,0 +1,291 @@
+"""The served engine (transforms/engines/served.py): its pure request, retry and usage helpers, and its
+behaviour against a fault injector, a local HTTP server (stdlib, in a thread) that answers 429, 500, 400,
+slowly or not at all on cue, and otherwise a fixed completion. It is not a model: the real vLLM server is
+tests/pipelines/test_served.py's."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import jsonschema
+import pytest
+from PIL import Image
+
+from schemas.extraction import load_schema
+from schemas.records import PageImage, PageTask
+from transforms.engines.feed import extract_all
+from transforms.engines.served import (
+    EndpointSettings,
+    OpenAIEngine,
+    WallShares,
+    base_url,
+    build_request,
+    completion_output,
+    failure_reason,
+    request_body,
+    retry_after_seconds,
+    retry_delay,
+    sampling_body,
+)
+from transforms.model import budget
+from transforms.model.extract import ExtractConfig
+from transforms.model.prompt import SYSTEM_PROMPT, user_text
+
+SCHEMA = load_schema("invoice")
+ANSWER = {"vendor_name": "ACME", "invoice_number": "A-1", "issue_date": "2024-01-31", "due_date": None,
+          "currency": "EUR", "subtotal": 10, "tax": 2, "total": 12, "line_items": []}
+FAST = dict(backoff_s=0.05, max_backoff_s=0.2)
+
+
+def config(**changes: Any) -> ExtractConfig:
+    base = ExtractConfig(schema=SCHEMA, tenant="t1", model="tiny", model_revision="test", render_key="r",
+                         model_family="qwen2_vl", max_model_len=8192, max_tokens=256, max_attempts=2,
+                         max_hint_chars=2000, gpu_hourly_usd=2.5, api_price="gpt-4o", prices=budget.load_prices(),
+                         route="served")
+    return replace(base, **changes)
+
+
+def page_task(name: str, width: int = 600, height: int = 800, detail_side: int = 0, hint: str = "") -> PageTask:
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), (230, 230, 230)).save(buf, format="JPEG")
+    page = PageImage(doc_sha256="d" * 64, source_uri=name, page_index=0, page_hash=name, image=buf.getvalue(),
+                     width=width, height=height, detail_side=detail_side)
+    return PageTask(page=page, cache_key=name, hint=hint, estimated_tokens=0)
+
+
+# --- pure helpers -------------------------------------------------------------------------------------------
+
+def test_base_url_adds_v1_only_to_a_bare_host() -> None:
+    assert base_url("http://h:8000") == "http://h:8000/v1"
+    assert base_url("http://h:8000/v1/") == "http://h:8000/v1"
+    assert base_url("https://api.example.com/openai/v1") == "https://api.example.com/openai/v1"
+
+
+def test_retry_policy() -> None:
+    s = EndpointSettings("http://x", "m", max_retries=3, backoff_s=1.0, max_backoff_s=4.0)
+    assert retry_delay(400, None, 1, s, 0.5) is None  # a wrong request fails the same way again
+    assert retry_delay(404, None, 1, s, 0.5) is None
+    for status in (429, 500, 503, None):
+        assert retry_delay(status, None, 1, s, 0.0) == 0.5  # half fixed, half jitter
+        assert retry_delay(status, None, 1, s, 0.999) == pytest.approx(1.0, abs=0.01)
+    assert 2.0 <= retry_delay(500, None, 3, s, 0.3) <= 4.0  # doubled each try
+    assert retry_delay(500, None, 9, s, 0.3) is None  # tries exhausted
+    assert 2.0 <= retry_delay(500, None, 5, replace(s, max_retries=9), 0.0) <= 4.0  # capped at max_backoff_s
+    assert retry_delay(429, 7.0, 1, s, 0.0) == 7.0  # Retry-After is a floor
+    assert retry_delay(429, 3600.0, 1, s, 0.0) is None  # a pause longer than we wait: fail the page now
+
+
+def test_retry_after_in_seconds_or_as_a_date() -> None:
+    assert retry_after_seconds("2", now=0.0) == 2.0
+    assert retry_after_seconds(None, now=0.0) is None
+    assert retry_after_seconds("soon", now=0.0) is None
+    now = 1_700_000_000.0
+    assert retry_after_seconds("Tue, 14 Nov 2023 22:13:30 GMT", now=now) == pytest.approx(10.0)
+
+
+def test_failure_reasons() -> None:
+    assert failure_reason(429, "") == "rate_limited"
+    assert failure_reason(500, "") == failure_reason(503, "") == failure_reason(None, "refused") == "server_error"
+    msg = "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens"
+    assert failure_reason(400, msg) == "over_token_budget"
+    assert failure_reason(400, "bad field") == failure_reason(401, "no key") == "engine_error"
+
+
+def test_usage_is_split_into_image_and_text_tokens() -> None:
+    data = {"choices": [{"message": {"content": "{}"}, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 1000, "completion_tokens": 77}}
+    out = completion_output(data, image_tokens=300)
+    assert out.token_counts == (300, 700, 77)
+    assert (out.outputs[0].text, out.outputs[0].finish_reason) == ("{}", "length")
+    assert completion_output(data, image_tokens=5000).token_counts == (1000, 0, 77)  # never over prompt_tokens
+    assert completion_output({"choices": [{"message": {"content": None}}]}, 10).token_counts == (0, 0, 0)
+
+
+def test_request_is_the_offline_prompt_with_a_data_url() -> None:
+    task = page_task("p.png", 1200, 900, detail_side=640, hint="Invoice A-1 <|im_start|>system")
+    req = build_request(task, config())
+    assert (req.width, req.height) == (640, 480)  # sent at the chosen detail
+    system, user = req.prompt["messages"]
+    assert system == {"role": "system", "content": SYSTEM_PROMPT}
+    image, text = user["content"]
+    head, data = image["image_url"]["url"].split(",", 1)
+    assert head == "data:image/jpeg;base64"
+    assert Image.open(io.BytesIO(base64.b64decode(data))).size == (640, 480)
+    assert text["text"] == user_text(SCHEMA.schema, "Invoice A-1  system")  # control tokens stripped
+    assert req.prompt["image_tokens"] == budget.estimate_image_tokens("qwen2_vl", 640, 480)
+    # No resize needed: the page stage's JPEG goes unchanged.
+    full = page_task("q.png", 600, 800)
+    url = build_request(full, config()).prompt["messages"][1]["content"][0]["image_url"]["url"]
+    assert base64.b64decode(url.split(",", 1)[1]) == full.page.image
+
+
+def test_body_carries_the_schema_and_vllm_extras() -> None:
+    greedy, sampled = sampling_body(SCHEMA, 256, 1), sampling_body(SCHEMA, 256, 2)
+    assert (greedy["temperature"], sampled["temperature"]) == (0.0, 0.7)
+    assert greedy["response_format"]["json_schema"]["schema"] == dict(SCHEMA.schema)
+    body = request_body("tiny", {"messages": [], "image_tokens": 5}, greedy, vllm=False)
+    assert body["model"] == "tiny" and "image_tokens" not in body and "structured_outputs" not in body
+    assert request_body("tiny", {"messages": []}, greedy, vllm=True)["structured_outputs"] == {
+        "json": dict(SCHEMA.schema)}
+
+
+def test_wall_shares_add_up_to_the_busy_time() -> None:
+    shares = WallShares()
+    shares.begin(1)
+    time.sleep(0.05)
+    shares.begin(2)
+    time.sleep(0.05)
+    a = shares.end(1)
+    time.sleep(0.02)
+    b = shares.end(2)
+    assert a > b > 0
+    assert a + b == pytest.approx(shares.busy_seconds)
+
+
+# --- against the fault injector ---------------------------------------------------------------------------
+
+@dataclass
+class Injector:
+    """What the fault injector answers: `script` in order (status, headers, delay_s), then `then` for ever."""
+
+    script: list[tuple[int, dict[str, str], float]] = field(default_factory=list)
+    then: tuple[int, dict[str, str], float] = (200, {}, 0.0)
+    owned_by: str = "fault-injector"
+    seen: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def next(self, body: dict[str, Any]) -> tuple[int, dict[str, str], float]:
+        with self.lock:
+            self.seen.append((time.monotonic(), body))
+            return self.script.pop(0) if self.script else self.then
+
+
+def completion(body: dict[str, Any]) -> dict[str, Any]:
+    return {"choices": [{"index": 0, "message": {"role": "assistant", "content": json.dumps(ANSWER)},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1500, "completion_tokens": 40, "total_tokens": 1540}, "model": body["model"]}
+
+
+@pytest.fixture
+def injector() -> Iterator[tuple[Injector, str]]:
+    state = Injector()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str]) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            for k, v in {"Content-Type": "application/json", **headers}.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            self._send(200, {"object": "list", "data": [{"id": "tiny", "owned_by": state.owned_by}]}, {})
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            status, headers, delay = state.next(body)
+            time.sleep(delay)
+            if status == 200:
+                return self._send(200, completion(body), headers)
+            message = "This model's maximum context length is 8192 tokens" if status == 400 else "injected"
+            self._send(status, {"error": {"message": message, "code": status}}, headers)
+
+    class Server(ThreadingHTTPServer):
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            pass  # a client that gave up (the timeout test) breaks the pipe: expected
+
+    server = Server(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield state, f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+def run_pages(url: str, n: int = 1, **settings: Any) -> list[Any]:
+    engine = OpenAIEngine(EndpointSettings(url, "tiny", **{**FAST, **settings}))
+    try:
+        return extract_all(engine, [page_task(f"p{i}.png") for i in range(n)], config())
+    finally:
+        engine.close()
+
+
+def test_429_with_retry_after_then_500_then_success(injector: tuple[Injector, str]) -> None:
+    state, url = injector
+    state.script = [(429, {"Retry-After": "1"}, 0.0), (500, {}, 0.0)]
+    (r,) = run_pages(url)
+    assert (r.status, r.reason_code, r.attempts) == ("ok", None, 1)
+    jsonschema.validate(json.loads(r.extraction), SCHEMA.schema)
+    assert (r.image_tokens + r.text_tokens, r.output_tokens) == (1500, 40)  # the server's usage
+    times = [t for t, _ in state.seen]
+    assert len(times) == 3
+    assert times[1] - times[0] >= 1.0  # Retry-After honoured (the backoff alone is under 0.2 s)
+    body = state.seen[0][1]
+    assert body["response_format"]["type"] == "json_schema" and "structured_outputs" not in body
+
+
+def test_5xx_for_ever_ends_as_server_error(injector: tuple[Injector, str]) -> None:
+    state, url = injector
+    state.then = (503, {}, 0.0)
+    (r,) = run_pages(url, max_retries=2)
+    assert (r.status, r.reason_code, r.attempts) == ("failed", "server_error", 1)
+    assert len(state.seen) == 3 and "HTTP 503 after 3 tries" in r.message
+
+
+def test_429_for_ever_ends_as_rate_limited(injector: tuple[Injector, str]) -> None:
+    state, url = injector
+    state.then = (429, {"Retry-After": "0"}, 0.0)
+    results = run_pages(url, n=3, max_retries=1)
+    assert [(r.status, r.reason_code) for r in results] == [("failed", "rate_limited")] * 3
+    assert len(state.seen) == 6
+
+
+def test_slow_answer_is_engine_timeout(injector: tuple[Injector, str]) -> None:
+    state, url = injector
+    state.then = (200, {}, 3.0)
+    t0 = time.monotonic()
+    (r,) = run_pages(url, request_timeout_s=0.5)
+    assert (r.status, r.reason_code) == ("failed", "engine_timeout")
+    assert time.monotonic() - t0 < 2.5
+
+
+def test_context_length_refusal_is_over_token_budget(injector: tuple[Injector, str]) -> None:
+    state, url = injector
+    state.then = (400, {}, 0.0)
+    (r,) = run_pages(url)
+    assert (r.status, r.reason_code) == ("failed", "over_token_budget")
+    assert len(state.seen) == 1  # a refused request is not retried
+
+
+def test_vllm_server_gets_its_structured_output_field(injector: tuple[Injector, str]) -> None:
+    state, url = injector
+    state.owned_by = "vllm"
+    (r,) = run_pages(url)
+    assert r.status == "ok"
+    assert state.seen[0][1]["structured_outputs"] == {"json": dict(SCHEMA.schema)}
+
+
+def test_unreachable_endpoint_fails_every_page_fast() -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    results = run_pages(f"http://127.0.0.1:{port}/v1", n=6, max_retries=2, concurrency=2)
+    assert [r.reason_code for r in results] == ["server_error"] * 6
+    assert all("connection failed" in r.message or "is down" in r.message for r in results)
+    # The first page to run out of tries marks the endpoint down: the others do not each wait out their own.
+    assert time.monotonic() - t0 < 5.0

@@ -1,0 +1,142 @@
+"""The result cache's pure parts (which earlier rows are reusable, the `cached` copy of a row, a document
+answered whole from the cache, resuming) and its Beam joins on small in-memory collections."""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import apache_beam as beam
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from schemas.records import DocumentRecord, ListedObject, PageRow
+from schemas.statuses import SUCCESS
+from transforms.output.cache import (
+    CACHE_COLUMNS,
+    ReadEarlierPages,
+    SkipCachedDocuments,
+    SkipDoneDocuments,
+    cached_row,
+    document_from_cache,
+    reusable,
+)
+
+DOC = DocumentRecord("s3://b/new.pdf", 100, "d" * 64, "pdf", 2)
+
+
+def earlier(page_index: int, created_at: str = "2026-01-01T00:00:00", **changes: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "tenant": "acme", "doc_sha256": DOC.doc_sha256, "page_index": page_index, "page_hash": f"h{page_index}",
+        "cache_key": f"k{page_index}", "config_key": "cfg", "status": "ok", "schema_id": "invoice",
+        "schema_hash": "sh", "model": "m", "model_revision": "r", "extraction": f'{{"page": {page_index}}}',
+        "validation_errors": None, "flags": ["pii"], "hint_source": "ocr", "width": 600, "height": 800,
+        "created_at": created_at}
+    row.update(changes)
+    return row
+
+
+def test_reusable_needs_a_good_status_the_tenant_and_the_configuration() -> None:
+    assert SUCCESS == {"ok", "cached", "duplicate"}
+    for status in SUCCESS:
+        assert reusable(earlier(0, status=status), "acme", "cfg")
+    for status in ("invalid", "failed", "quarantined", "rendered", None):
+        assert not reusable(earlier(0, status=status), "acme", "cfg"), status
+    assert not reusable(earlier(0), "other-tenant", "cfg")  # tenants never share cache entries
+    assert not reusable(earlier(0), "acme", "other-config")
+    assert not reusable({}, "acme", "cfg")
+
+
+def test_cached_row_copies_the_answer_and_costs_nothing() -> None:
+    row = cached_row(earlier(1), "e" * 64, "s3://b/copy.pdf", 1)
+    assert (row.doc_sha256, row.source_uri, row.page_index) == ("e" * 64, "s3://b/copy.pdf", 1)
+    assert (row.status, row.route, row.message) == ("cached", "cache", "extraction reused from an earlier run")
+    assert (row.page_hash, row.cache_key, row.config_key) == ("h1", "k1", "cfg")
+    assert (row.width, row.height, row.schema_id, row.schema_hash) == (600, 800, "invoice", "sh")
+    assert (row.model, row.model_revision, row.extraction) == ("m", "r", '{"page": 1}')
+    assert row.validation_errors == () and row.flags == ("pii",) and row.hint_source == "ocr"
+    assert (row.image_tokens, row.text_tokens, row.output_tokens, row.attempts) == (0, 0, 0, 0)
+    assert (row.gpu_seconds, row.cost_usd, row.api_equivalent_usd) == (0.0, 0.0, 0.0)
+    bare = cached_row({"validation_errors": ["$.total: required"], "flags": None, "hint_source": None}, "x", "u", 0)
+    assert bare.validation_errors == ("$.total: required",) and bare.flags == () and bare.hint_source == "none"
+
+
+def test_a_document_comes_from_the_cache_only_when_every_page_is_there() -> None:
+    rows = document_from_cache(DOC, [earlier(1), earlier(0)])
+    assert rows is not None and [r.page_index for r in rows] == [0, 1]
+    assert all(r.source_uri == DOC.uri and r.doc_sha256 == DOC.doc_sha256 for r in rows)
+    assert document_from_cache(DOC, [earlier(0)]) is None  # page 1 missing: render the document
+    assert document_from_cache(DOC, [earlier(0), earlier(2)]) is None  # a page past the end is no help
+    assert document_from_cache(DOC, []) is None
+    empty = DocumentRecord("u", 1, "z" * 64, "pdf", 0)
+    assert document_from_cache(empty, []) == []
+
+
+def test_the_latest_earlier_row_of_a_page_wins() -> None:
+    rows = [earlier(0, "2026-01-01", extraction="old"), earlier(0, "2026-03-01", extraction="new"),
+            earlier(0, "2026-02-01", extraction="middle"), earlier(1)]
+    got = document_from_cache(DOC, rows)
+    assert got is not None and got[0].extraction == "new"
+    same_time = [earlier(0, "2026-01-01", extraction="first"), earlier(0, "2026-01-01", extraction="second"),
+                 earlier(1)]
+    got = document_from_cache(DOC, same_time)
+    assert got is not None and got[0].extraction == "first"  # a tie keeps the row met first
+
+
+def _parquet(path: Path, rows: list[dict[str, Any]], columns: Iterable[str]) -> str:
+    pq.write_table(pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in rows]), path)
+    return str(path)
+
+
+def test_read_earlier_pages_keeps_only_reusable_rows(tmp_path: Path) -> None:
+    rows = [earlier(0), earlier(1, status="invalid"), earlier(2, tenant="other"), earlier(3, config_key="old")]
+    files = [_parquet(tmp_path / "a.parquet", rows, CACHE_COLUMNS)]
+    with BeamPipeline() as p:
+        got = p | ReadEarlierPages(files, "acme", "cfg") | beam.Map(lambda r: r["page_index"])
+        assert_that(got, equal_to([0]))
+    with BeamPipeline() as p:
+        assert_that(p | ReadEarlierPages([], "acme", "cfg"), equal_to([]))
+
+
+def skip_cached(earlier: beam.PCollection) -> beam.PTransform:
+    """SkipCachedDocuments with no blocklists (newer versions re-check reused pages against them)."""
+    if "safety" in inspect.signature(SkipCachedDocuments.__init__).parameters:
+        from transforms.safety.gate import SafetyConfig
+
+        return SkipCachedDocuments(earlier, SafetyConfig(nsfw_classifier="none"))  # type: ignore[call-arg]
+    return SkipCachedDocuments(earlier)  # type: ignore[call-arg]
+
+
+def test_skip_cached_documents_splits_rendering_from_cached_pages() -> None:
+    partly = DocumentRecord("s3://b/partly.pdf", 10, "p" * 64, "pdf", 2)
+    fresh = DocumentRecord("s3://b/fresh.pdf", 10, "f" * 64, "pdf", 1)
+    rows = [earlier(0), earlier(1), earlier(0, doc_sha256=partly.doc_sha256)]
+    with BeamPipeline() as p:
+        docs = p | "Docs" >> beam.Create([DOC, partly, fresh])
+        out = docs | skip_cached(p | "Earlier" >> beam.Create(rows))
+        assert_that(out.render | "RenderUris" >> beam.Map(lambda d: d.uri),
+                    equal_to([partly.uri, fresh.uri]), label="render")
+        assert_that(out.cached | "CachedKeys" >> beam.Map(lambda r: (r.source_uri, r.page_index, r.status)),
+                    equal_to([(DOC.uri, 0, "cached"), (DOC.uri, 1, "cached")]), label="cached")
+
+
+def test_skip_done_documents_drops_what_this_run_already_wrote(tmp_path: Path) -> None:
+    listed = [ListedObject("s3://b/a.pdf", 1), ListedObject("s3://b/b.pdf", 2), ListedObject("s3://b/c.pdf", 3)]
+    done = [_parquet(tmp_path / "done.parquet", [{"source_uri": "s3://b/b.pdf"}], ["source_uri"])]
+    with BeamPipeline() as p:
+        got = p | beam.Create(listed) | SkipDoneDocuments(done) | beam.Map(lambda o: o.uri)
+        assert_that(got, equal_to(["s3://b/a.pdf", "s3://b/c.pdf"]))
+    with BeamPipeline() as p:
+        got = p | beam.Create(listed) | SkipDoneDocuments([]) | beam.Map(lambda o: o.uri)
+        assert_that(got, equal_to([o.uri for o in listed]))
+
+
+@pytest.mark.parametrize("statuses", [("ok", "cached"), ("duplicate", "ok")])
+def test_cached_rows_keep_no_cost_whatever_the_earlier_status(statuses: tuple[str, str]) -> None:
+    rows = [earlier(i, status=s, cost_usd=1.0, gpu_seconds=3.0) for i, s in enumerate(statuses)]
+    got = document_from_cache(DOC, rows)
+    assert got is not None and all(isinstance(r, PageRow) and r.cost_usd == 0 and r.gpu_seconds == 0 for r in got)

@@ -1,0 +1,92 @@
+"""The document-level result cache re-checks reused pages against today's blocklists (issue 16, item 1).
+
+Pure tests of `document_from_cache` and of the safety part of the cache configuration; the pipeline
+test is tests/pipelines/test_cache_safety.py.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+from schemas.records import DocumentRecord
+from tests.transforms.safety.test_safety import photo
+from transforms.output.cache import document_from_cache
+from transforms.safety.blocklist import load_blocklists, pdq_hash
+from transforms.safety.gate import BlocklistCheck, SafetyConfig
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+DOC = DocumentRecord(uri="/in/a.pdf", size=10, doc_sha256="d" * 64, format="pdf", page_count=2)
+
+
+def earlier_row(index: int, **over: Any) -> dict[str, Any]:
+    base = {"tenant": "default", "doc_sha256": DOC.doc_sha256, "page_index": index, "page_hash": f"{index}" * 64,
+            "cache_key": f"k{index}", "config_key": "c", "status": "ok", "schema_id": "invoice", "schema_hash": "h",
+            "model": "m", "model_revision": None, "extraction": json.dumps({"page": index}), "validation_errors": [],
+            "flags": [], "hint_source": "text_layer", "width": 10, "height": 14, "created_at": T0,
+            "pdq_hash": None}
+    return {**base, **over}
+
+
+def lists(tmp_path: Any, text: str, threshold: int = 31) -> BlocklistCheck:
+    path = tmp_path / "list.txt"
+    path.write_text(text)
+    return BlocklistCheck(load_blocklists([str(path)]), threshold)
+
+
+def test_page_hash_on_todays_list_is_quarantined_not_cached(tmp_path: Any) -> None:
+    rows = [earlier_row(0), earlier_row(1)]
+    assert [r.status for r in document_from_cache(DOC, rows) or []] == ["cached", "cached"]
+    out = document_from_cache(DOC, rows, lists(tmp_path, f"sha256:{'1' * 64}\n"))
+    assert out is not None
+    assert [(r.status, r.reason_code, r.route) for r in out] == [("cached", None, "cache"),
+                                                                 ("quarantined", "blocked_hash", "quarantined")]
+    blocked = out[1]
+    assert blocked.extraction is None and blocked.page_hash == "1" * 64 and blocked.cost_usd == 0
+    detail = json.loads(blocked.quarantine_detail or "{}")
+    assert (detail["kind"], detail["line"]) == ("sha256", 1)
+
+
+def test_pdq_near_todays_entry_is_quarantined(tmp_path: Any) -> None:
+    stored, _ = pdq_hash(photo(3))
+    near = f"{int(stored, 16) ^ 0b1011:064x}"  # three bits away
+    rows = [earlier_row(0, pdq_hash=stored), earlier_row(1, pdq_hash=f"{int(stored, 16) ^ (2**200 - 1):064x}")]
+    out = document_from_cache(DOC, rows, lists(tmp_path, f"pdq:{near}\n"))
+    assert out is not None and [r.status for r in out] == ["quarantined", "cached"]
+    assert json.loads(out[0].quarantine_detail or "{}")["distance"] == 3
+    # --pdq-threshold applies to reused pages as it does at the gate.
+    strict = document_from_cache(DOC, rows, lists(tmp_path, f"pdq:{near}\n", threshold=2))
+    assert strict is not None and [r.status for r in strict] == ["cached", "cached"]
+
+
+def test_row_without_the_hash_a_list_needs_is_rendered_again(tmp_path: Any) -> None:
+    # Rows that do not carry a PDQ hash cannot be re-checked against a PDQ list: fail closed.
+    rows = [earlier_row(0), earlier_row(1, pdq_hash="0" * 64)]
+    assert document_from_cache(DOC, rows, lists(tmp_path, f"pdq:{'f' * 64}\n")) is None
+    # A sha256-only list needs only the page hash, which every row has.
+    out = document_from_cache(DOC, rows, lists(tmp_path, f"sha256:{'e' * 64}\n"))
+    assert out is not None and [r.status for r in out] == ["cached", "cached"]
+
+
+def test_a_row_carrying_its_pdq_is_preferred_and_copied(tmp_path: Any) -> None:
+    later = T0 + dt.timedelta(days=1)
+    rows = [earlier_row(0, pdq_hash="a" * 64), earlier_row(0, created_at=later), earlier_row(1, pdq_hash="b" * 64)]
+    out = document_from_cache(DOC, rows, lists(tmp_path, f"pdq:{'0' * 64}\n"))
+    assert out is not None and [r.status for r in out] == ["cached", "cached"]
+    assert [r.pdq_hash for r in out] == ["a" * 64, "b" * 64]  # so the next run can re-check these copies
+
+
+def test_safety_cache_key_changes_with_what_rows_cannot_recheck() -> None:
+    base = SafetyConfig(blocklists=("a.txt",), nsfw_classifier="nudenet", nsfw_threshold=0.8, checks=("x:y",))
+    key = base.cache_key()
+    # Re-checked by hash, so not keyed: the lists and the PDQ threshold.
+    assert SafetyConfig(blocklists=("b.txt",), pdq_threshold=5, nsfw_classifier="nudenet", nsfw_threshold=0.8,
+                        checks=("x:y",)).cache_key() == key
+    for changed in (SafetyConfig(nsfw_classifier="nudenet", nsfw_threshold=0.5, checks=("x:y",)),
+                    SafetyConfig(nsfw_classifier="pkg.mod:factory", nsfw_threshold=0.8, checks=("x:y",)),
+                    SafetyConfig(nsfw_classifier="nudenet", nsfw_threshold=0.8, checks=("x:y", "z:w")),
+                    SafetyConfig(nsfw_classifier="none", nsfw_threshold=0.8, checks=("x:y",))):
+        assert changed.cache_key() != key, changed
+    # The threshold of no classifier changes nothing; the order of checks changes nothing.
+    assert SafetyConfig(nsfw_threshold=0.1).cache_key() == SafetyConfig(nsfw_threshold=0.9).cache_key()
+    assert SafetyConfig(checks=("b:c", "a:b")).cache_key() == SafetyConfig(checks=("a:b", "b:c")).cache_key()

@@ -1,0 +1,396 @@
+"""A served engine: the extraction stage against an OpenAI-compatible endpoint (`--engine openai`).
+
+vLLM's or SGLang's server on a GPU fleet, or a hosted API, in place of the in-process engine, behind
+the same PageEngine protocol, so the same streaming stage (transforms/engines/feed.py) feeds it with
+no barrier: each page becomes one `POST {endpoint}/chat/completions` as it arrives, at most
+`concurrency` in flight, sent from one asyncio event loop in a background thread (httpx).
+
+The request is the offline engine's prompt: the same system message, the same user text (schema and
+fenced hint) and the page image at the chosen detail as a JPEG data URL; the schema goes as
+`response_format` json_schema, plus vLLM's own `structured_outputs` when /models says the server is
+vLLM. The server holds the tokenizer and the chat template, so the prompt is not counted here:
+a prompt over the server's context length comes back as HTTP 400, which becomes `over_token_budget`.
+Token counts come from the response's `usage`: prompt_tokens is split into image tokens (the
+--model-family estimator on the image as sent, capped at prompt_tokens) and text tokens (the rest).
+
+Faults, per try: 429, 408, 5xx and lost connections are retried with exponential backoff and
+jitter, waiting at least what `Retry-After` asks; when the tries run out the page ends as a row with
+`rate_limited` or `server_error`. A try over --request-timeout-s ends as `engine_timeout`. Once a
+page has exhausted its tries on a connection that cannot be made, the endpoint is marked down and
+every later page fails at once (`server_error`): a dead server ends the run, it never hangs it.
+
+gpu_seconds: the wall time during which requests were in flight, shared equally by the requests in
+flight (as the offline engine shares each step), so a run's figures add up to the time the endpoint
+was busy with it; the ledger prices that at --gpu-hourly-usd for a self-hosted server.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import email.utils
+import io
+import itertools
+import logging
+import os
+import random
+import re
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from transforms.engines.local import Completion, EngineOutput, Sample
+from transforms.model import budget
+from transforms.model.prompt import SYSTEM_PROMPT, strip_controls, user_text
+from transforms.pages.sizes import low_detail_size, resize_for_detail
+
+if TYPE_CHECKING:
+    from schemas.extraction import ExtractionSchema
+    from schemas.records import PageTask
+    from transforms.engines.feed import Request
+    from transforms.model.extract import ExtractConfig
+
+log = logging.getLogger(__name__)
+MAX_RETRY_AFTER_S = 120.0  # a server asking for a longer pause fails the page now (`rate_limited`)
+PROBE_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class EndpointSettings:
+    endpoint: str  # base URL of the API, e.g. http://gpu-7:8000/v1 (a URL without a path gets /v1)
+    model: str  # the model name the server knows (vLLM's --served-model-name)
+    api_key_env: str | None = None  # the environment variable holding the key; the key itself is never stored
+    concurrency: int = 8
+    request_timeout_s: float = 300.0
+    model_family: str = "qwen2_vl"
+    max_retries: int = 4  # tries after the first, for 429 / 5xx / lost connections
+    backoff_s: float = 1.0
+    max_backoff_s: float = 30.0
+
+    @property
+    def base_url(self) -> str:
+        return base_url(self.endpoint)
+
+
+class RequestFailed(ValueError):
+    """One request failed for good (after its retries), with the reason code its page row gets. A
+    ValueError: the request failed, not the engine; the feed does not restart anything for it."""
+
+    def __init__(self, reason_code: str, message: str) -> None:
+        super().__init__(message)
+        self.reason_code = reason_code
+
+
+def base_url(endpoint: str) -> str:
+    """The API root: `http://h:8000` and `http://h:8000/v1/` both give `http://h:8000/v1`. Pure."""
+    url = endpoint.rstrip("/")
+    rest = url.partition("://")[2]
+    return url if "/" in rest else f"{url}/v1"
+
+
+def auth_headers(api_key_env: str | None, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    key = environ.get(api_key_env) if api_key_env else None
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def page_image(image: bytes, width: int, height: int, detail_side: int) -> tuple[str, int, int]:
+    """The page as sent: a JPEG data URL at the chosen detail, and its size. The page stage's JPEG goes as
+    it is when no resize is needed (no second encode)."""
+    size = low_detail_size(width, height, detail_side)
+    if size != (width, height):
+        from PIL import Image
+
+        img = resize_for_detail(Image.open(io.BytesIO(image)).convert("RGB"), detail_side)
+        buf = io.BytesIO()
+        img.save(buf, format="JPEG", quality=90)
+        image, size = buf.getvalue(), img.size
+    return "data:image/jpeg;base64," + base64.b64encode(image).decode("ascii"), size[0], size[1]
+
+
+def chat_messages(schema: Mapping[str, Any], hint: str, image_url: str) -> list[dict[str, Any]]:
+    """transforms/model/prompt.py's messages in the OpenAI form: the image part as a data URL. Without the model's
+    tokenizer here, the hint loses the generic control-token shapes (the server's template does the rest)."""
+    hint = strip_controls(hint).strip() if hint else ""
+    return [{"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_url}},
+                                         {"type": "text", "text": user_text(schema, hint)}]}]
+
+
+def build_request(task: PageTask, cfg: ExtractConfig) -> Request:
+    """One page's request (messages, and the image tokens its usage is split by). Pure."""
+    from transforms.engines.feed import Request
+
+    page = task.page
+    url, width, height = page_image(page.image, page.width, page.height, page.detail_side)
+    image_tokens = budget.estimate_image_tokens(cfg.model_family, width, height)
+    request = {"messages": chat_messages(cfg.schema.schema, task.hint, url), "image_tokens": image_tokens}
+    return Request(request, 0, width, height)
+
+
+def sampling_body(schema: ExtractionSchema, max_tokens: int, attempt: int) -> dict[str, Any]:
+    """Decoding fields of one try, as engine_feed.sampling_params: greedy first, then sampled. Pure."""
+    from transforms.engines.feed import decoding
+
+    temperature, top_p = decoding(attempt)
+    return {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": re.sub(r"[^A-Za-z0-9_-]", "_", schema.schema_id)[:64],
+                                                "schema": dict(schema.schema),
+                                                "strict": True}}}
+
+
+def request_body(model: str, request: Mapping[str, Any], params: Mapping[str, Any], vllm: bool) -> dict[str, Any]:
+    """The JSON body of one chat completion. A vLLM server also gets its own structured-output field (the
+    same schema: the response_format of older vLLM releases or other servers may be advisory). Pure."""
+    body = {"model": model, "messages": request["messages"], **params}
+    if vllm:
+        body["structured_outputs"] = {"json": params["response_format"]["json_schema"]["schema"]}
+    return body
+
+
+def retry_after_seconds(value: str | None, now: float) -> float | None:
+    """`Retry-After` as seconds: delta-seconds or an HTTP date. Pure."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - now)
+
+
+def retry_delay(status: int | None, retry_after: float | None, tries: int, s: EndpointSettings,
+                jitter: float) -> float | None:
+    """Seconds to wait before the next try, or None when the failure is final. `status` None is a
+    connection error; `tries` is how many tries were made; `jitter` is uniform in [0, 1). Pure."""
+    if status is not None and status not in (408, 429) and status < 500:
+        return None  # the request itself is wrong: the same request fails the same way
+    if tries > s.max_retries:
+        return None
+    if retry_after is not None and retry_after > MAX_RETRY_AFTER_S:
+        return None
+    backoff = min(s.max_backoff_s, s.backoff_s * 2 ** (tries - 1))
+    wait = backoff * (0.5 + 0.5 * jitter)  # half fixed, half random: retries of many pages spread out
+    return max(wait, retry_after or 0.0)
+
+
+def failure_reason(status: int | None, text: str) -> str:
+    """The reason code of a final failure. Pure."""
+    if status is None or status >= 500 or status == 408:
+        return "server_error"
+    if status == 429:
+        return "rate_limited"
+    low = text.lower()
+    if status == 400 and any(s in low for s in ("context length", "max_model_len", "too long", "maximum context")):
+        return "over_token_budget"
+    return "engine_error"
+
+
+def completion_output(data: Mapping[str, Any], image_tokens: int) -> EngineOutput:
+    """A chat completion's response as the EngineOutput the stage reads, with token counts from `usage`. Pure."""
+    choice = data["choices"][0]
+    text = (choice.get("message") or {}).get("content") or ""
+    usage = data.get("usage") or {}
+    prompt, output = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    image = min(image_tokens, prompt)
+    return EngineOutput(prompt_token_ids=[], outputs=[Sample(text, (), choice.get("finish_reason"))],
+                        token_counts=(image, prompt - image, output))
+
+
+class WallShares:
+    """Wall time while requests are in flight, shared equally by those in flight (event-loop thread only)."""
+
+    def __init__(self) -> None:
+        self._open: dict[int, float] = {}
+        self._last = time.perf_counter()
+        self.busy_seconds = 0.0
+
+    def _advance(self) -> None:
+        now = time.perf_counter()
+        if self._open:
+            share = (now - self._last) / len(self._open)
+            for key in self._open:
+                self._open[key] += share
+            self.busy_seconds += now - self._last
+        self._last = now
+
+    def begin(self, key: int) -> None:
+        self._advance()
+        self._open[key] = 0.0
+
+    def end(self, key: int) -> float:
+        self._advance()
+        return self._open.pop(key, 0.0)
+
+
+class OpenAIEngine:
+    """The PageEngine protocol over an OpenAI-compatible endpoint. Thread-safe: any thread may submit."""
+
+    def __init__(self, endpoint: EndpointSettings, settings: Any = None) -> None:
+        self.endpoint = endpoint  # `settings` (the vLLM EngineSettings) is what a factory is called with
+        self.starts = 0
+        self.vllm = False
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._client: Any = None
+        self._slots: asyncio.Semaphore | None = None
+        self._pending: set[Future[Completion]] = set()
+        self._shares = WallShares()
+        self._ids = itertools.count()
+        self._down: str | None = None  # why the endpoint is taken for dead; then every request fails at once
+
+    @property
+    def busy_seconds(self) -> float:
+        return self._shares.busy_seconds
+
+    # The server holds the tokenizer: the feed asks the engine for requests and decoding fields.
+    def tokenizer(self) -> Any:
+        return None
+
+    def image_token_id(self) -> int | None:
+        return None
+
+    def build_request(self, task: PageTask, cfg: ExtractConfig) -> Request:
+        return build_request(task, cfg)
+
+    def sampling_params(self, schema: ExtractionSchema, max_tokens: int, attempt: int) -> dict[str, Any]:
+        return sampling_body(schema, max_tokens, attempt)
+
+    def restart(self, seen: int | None = None) -> None:
+        """Nothing to re-create: a server that went away is the server's to restart."""
+
+    def submit(self, request: dict[str, Any], params: Any) -> Future[Completion]:
+        loop = self._started()
+        future: Future[Completion] = Future()
+        with self._lock:
+            self._pending.add(future)
+        future.add_done_callback(self._forget)
+        asyncio.run_coroutine_threadsafe(self._call(request, params, future), loop)
+        return future
+
+    def close(self) -> None:
+        """Stop the event loop; a request still in flight fails (never a future left unresolved)."""
+        with self._lock:
+            loop, thread, client = self._loop, self._thread, self._client
+            self._loop = self._thread = self._client = None
+            pending, self._pending = list(self._pending), set()
+        if loop is not None:
+            if client is not None:
+                try:
+                    asyncio.run_coroutine_threadsafe(client.aclose(), loop).result(timeout=5)
+                except Exception as err:  # noqa: BLE001 - best effort at the end of a run
+                    log.warning("closing the HTTP client: %s: %s", type(err).__name__, err)
+            loop.call_soon_threadsafe(loop.stop)
+            if thread is not None:
+                thread.join(timeout=5)
+        for future in pending:
+            if not future.done():
+                future.set_exception(RuntimeError("engine was shut down"))
+
+    def _forget(self, future: Future[Completion]) -> None:
+        with self._lock:
+            self._pending.discard(future)
+
+    def _started(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is not None:
+                return self._loop
+            self.vllm = self._probe_vllm()
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name="pagemill-endpoint", daemon=True)
+            thread.start()
+            asyncio.run_coroutine_threadsafe(self._open(), loop).result()
+            self._loop, self._thread = loop, thread
+            self.starts += 1
+            log.info("endpoint %s, model %s: %d requests in flight at most (vLLM server: %s)",
+                     self.endpoint.base_url, self.endpoint.model, self.endpoint.concurrency, self.vllm)
+            return loop
+
+    async def _open(self) -> None:
+        import httpx
+
+        n = max(1, self.endpoint.concurrency)
+        self._slots = asyncio.Semaphore(n)
+        self._client = httpx.AsyncClient(
+            base_url=self.endpoint.base_url, headers=auth_headers(self.endpoint.api_key_env),
+            timeout=httpx.Timeout(self.endpoint.request_timeout_s, connect=min(10.0, self.endpoint.request_timeout_s)),
+            limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))
+
+    def _probe_vllm(self) -> bool:
+        """Whether the server is vLLM (its /models entries say `owned_by: vllm`): it then gets vLLM's extras."""
+        import httpx
+
+        try:
+            r = httpx.get(self.endpoint.base_url + "/models", headers=auth_headers(self.endpoint.api_key_env),
+                          timeout=PROBE_TIMEOUT_S)
+            return any(m.get("owned_by") == "vllm" for m in r.json().get("data") or [])
+        except Exception as err:  # noqa: BLE001 - pre-flight checked the endpoint; a generic server then
+            log.warning("endpoint %s: /models: %s: %s", self.endpoint.base_url, type(err).__name__, err)
+            return False
+
+    async def _call(self, request: dict[str, Any], params: Any, future: Future[Completion]) -> None:
+        try:
+            completion = await self._complete(request, params)
+        except RequestFailed as err:
+            _settle(future, error=err)
+        except Exception as err:  # noqa: BLE001 - anything else fails this page alone, as a row
+            _settle(future, error=RequestFailed("engine_error", f"{type(err).__name__}: {err}"))
+        else:
+            _settle(future, result=completion)
+
+    async def _complete(self, request: dict[str, Any], params: Any) -> Completion:
+        import httpx
+
+        s = self.endpoint
+        body = request_body(s.model, request, params, self.vllm)
+        assert self._slots is not None and self._client is not None
+        async with self._slots:
+            tries = 0
+            while True:
+                if self._down is not None:
+                    raise RequestFailed("server_error", f"endpoint {s.base_url} is down: {self._down}")
+                tries += 1
+                key = next(self._ids)
+                self._shares.begin(key)
+                status, text, retry_after = None, "", None
+                try:
+                    response = await asyncio.wait_for(self._client.post("/chat/completions", json=body),
+                                                      s.request_timeout_s)
+                    status, text = response.status_code, response.text
+                    retry_after = retry_after_seconds(response.headers.get("retry-after"), time.time())
+                except (TimeoutError, httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout):
+                    raise RequestFailed("engine_timeout", f"no answer within --request-timeout-s "
+                                                          f"{s.request_timeout_s:g} (try {tries})") from None
+                except httpx.TransportError as err:  # refused, reset, lost mid-answer, connect timeout
+                    text = f"{type(err).__name__}: {err}"
+                finally:
+                    seconds = self._shares.end(key)
+                if status == 200:
+                    return Completion(completion_output(response.json(), int(request.get("image_tokens", 0))),
+                                      seconds)
+                wait = retry_delay(status, retry_after, tries, s, random.random())
+                if wait is None:
+                    what = f"HTTP {status}" if status is not None else "connection failed"
+                    if status is None:
+                        self._down = text[:200]
+                    raise RequestFailed(failure_reason(status, text),
+                                        f"{what} after {tries} tries: {text[:300]}")
+                log.debug("endpoint: HTTP %s, try %d again in %.1f s", status, tries, wait)
+                await asyncio.sleep(wait)
+
+
+def _settle(future: Future[Completion], result: Completion | None = None, error: Exception | None = None) -> None:
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+    except InvalidStateError:  # failed by close() meanwhile
+        pass

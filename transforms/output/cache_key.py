@@ -1,0 +1,81 @@
+"""The cache configuration key, derived from the settings objects themselves. Pure: no Beam, no options.
+
+Every field of a keyed settings dataclass is part of the key unless EXCLUDE names it, with the reason it
+cannot change a page's answer. So a new setting joins the key by default (re-extracting once, never
+reusing a stale answer); leaving one out is a decision written down here. Nested dataclasses (the OCR
+settings inside the hint settings, the schema, the markdown format, the model's image-token rule) are
+keyed the same way. tests/transforms/output/test_settings_key.py checks that every field is either keyed (changing
+it changes the key) or excluded.
+
+The serialisation is canonical JSON: each dataclass as {"ClassName": {field: value}} with sorted keys,
+tuples as lists, floats as JSON numbers. A settings class may define `key_form()`, a copy of itself in the
+form that is keyed (SafetyConfig: its checks as a set); its fields are still enumerated here, so a new one
+cannot be lost on the way.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+# Fields that do not change a page's extraction, by class name, each with why. Everything else is keyed.
+EXCLUDE: Mapping[str, Mapping[str, str]] = {
+    "RenderSettings": {
+        "max_page_points": "a limit: a page over it fails with a reason code, never a reusable row",
+        "max_image_pixels": "a limit: an image over it is rejected, never a reusable row",
+        "max_bytes": "a limit: an object over it is rejected before it is read",
+    },
+    "SafetyConfig": {
+        # Reused rows are re-checked against today's lists by their stored hashes (transforms/output/cache.py).
+        "blocklists": "re-checked at reuse by the stored page hash and PDQ hash, never keyed",
+        "pdq_threshold": "re-checked at reuse with today's threshold, never keyed",
+    },
+    "OcrSettings": {
+        "timeout_s": "a time limit, not a setting of the answer (like every timeout)",
+    },
+    "ExtractConfig": {
+        # render_key is keyed: it is the key of the settings before the model (render, gate, hints).
+        "max_attempts": "how often a failed attempt is retried; a reusable row is an answer that succeeded",
+        "gpu_hourly_usd": "prices the page, does not change its answer",
+        "api_price": "prices the page, does not change its answer",
+        "prices": "prices the page, does not change its answer",
+        "max_in_flight": "how many pages are queued at the engine: throughput, not the answer",
+        "route": "how the ledger counts the cost (model, served, api:...); the model is keyed by name",
+    },
+    "ExtractionSchema": {
+        "schema": "schema_hash stands for it (sha256 of its canonical JSON)",
+        "source": "where the schema was read from; schema_hash stands for its content",
+    },
+    "ImageTokenRule": {
+        "source": "where the rule's parameters were read from; the parameters themselves are keyed",
+    },
+}
+
+
+def _canonical(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        keyed = value.key_form() if hasattr(value, "key_form") else value
+        name = type(value).__name__
+        skip = EXCLUDE.get(name, {})
+        return {name: {f.name: _canonical(getattr(keyed, f.name))
+                       for f in dataclasses.fields(value) if f.name not in skip}}
+    if isinstance(value, Mapping):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [_canonical(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    # A new setting of a type with no canonical form must be given one (or excluded), not keyed by repr.
+    raise TypeError(f"no canonical form for a setting of type {type(value).__name__}")
+
+
+def canonical(*settings: Any) -> str:
+    """The canonical JSON of the keyed fields of `settings`, in the order given."""
+    return json.dumps([_canonical(s) for s in settings], sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def settings_key(*settings: Any) -> str:
+    """sha256 of the canonical form of `settings` (dataclasses, or plain values such as a template hash)."""
+    return hashlib.sha256(canonical(*settings).encode()).hexdigest()

@@ -1,0 +1,120 @@
+"""A run's partitions under the output root (schemas/layout.py): which files and tenants are there,
+`--force`'s clearing, the compaction of a resumed run, and the one line that says why a run failed."""
+from __future__ import annotations
+
+import errno
+import os
+import re
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+
+from schemas import layout, tables
+from schemas.statuses import CACHED
+from transforms.output.write import write_rows
+
+
+def _matches(pattern: str) -> list[str]:
+    return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+
+
+def run_files(output: str, table: str, tenant: str, run_id: str) -> list[str]:
+    """The finished part files of one run of one tenant in one table."""
+    return _matches(layout.part_glob(output, table, tenant, run_id))
+
+
+def tenant_files(output: str, table: str, tenant: str) -> list[str]:
+    """This tenant's finished part files of one table, every run (`pages`: the result cache's source)."""
+    try:
+        return _matches(layout.part_glob(output, table, tenant))
+    except Exception:  # noqa: BLE001 - no output yet
+        return []
+
+
+def run_tenants(output: str, run_id: str) -> set[str]:
+    """Tenants that have rows under this run id in any table (a run id belongs to one tenant)."""
+    found = set()
+    for table in tables.TABLES:
+        try:
+            paths = _matches(layout.part_glob(output, table, "*", run_id))
+        except Exception:  # noqa: BLE001 - nothing written yet
+            continue
+        found.update(t for t in map(layout.tenant_of, paths) if t is not None)
+    return found
+
+
+def clear_run(output: str, tenant: str, run_id: str) -> int:
+    """Delete this run's partitions (`--force` over an existing run id starts it afresh)."""
+    removed = 0
+    for table in tables.TABLES:
+        matches = _matches(layout.join_uri(layout.partition(output, table, tenant, run_id), "*"))
+        if matches:
+            FileSystems.delete(matches)
+            removed += len(matches)
+    return removed
+
+
+def compact_run(output: str, tenant: str, run_id: str) -> dict[str, int]:
+    """Rewrite a resumed run's partitions with the latest row per key and delete the old files, so
+    no (run, document, page) ever has two rows. The new file is written before the old ones go."""
+    kept: dict[str, int] = {}
+    for table in tables.TABLES:
+        files = run_files(output, table, tenant, run_id)
+        if len(files) < 2:
+            continue
+        schema = tables.SCHEMAS[table]
+        latest: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for path in files:
+            with FileSystems.open(path) as handle:
+                data = pq.read_table(pa.BufferReader(handle.read()), schema=schema)
+            for row in data.to_pylist():
+                key = tuple(row[k] for k in layout.TABLE_KEYS[table])
+                if key not in latest or _rank(row) >= _rank(latest[key]):
+                    latest[key] = row
+        write_rows(layout.partition(output, table, tenant, run_id), schema, list(latest.values()),
+                   name=f"part-compacted-{uuid.uuid4().hex}.parquet")
+        FileSystems.delete(files)
+        kept[table] = len(latest)
+    return kept
+
+
+def _rank(row: dict[str, Any]) -> tuple[bool, Any]:
+    """Within one run, a row that did the work beats a later `cached` copy of it (a resumed run reuses
+    its own killed attempt's pages): the tokens and cost actually spent must not vanish."""
+    reused = row.get("status") == CACHED or row.get("route") == "cache" or row.get("outcome") == CACHED
+    return (not reused, row["created_at"])
+
+
+def run_failure(err: BaseException) -> str:
+    """One line for a run that failed: what went wrong at its root, in words. Pure. Runners wrap a
+    DoFn's exception (in-process as its __cause__, across processes only as text), so both are read."""
+    chain: list[BaseException] = []
+    seen: BaseException | None = err
+    while seen is not None and seen not in chain:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    for exc in chain:
+        if isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS:
+            where = f" ({exc.filename})" if exc.filename else ""
+            return f"{_STORAGE_ERRNOS[exc.errno]}{where}"
+    text = " ".join(str(e) for e in chain)
+    for code, words in _STORAGE_ERRNOS.items():
+        if f"[Errno {code}]" in text or os.strerror(code) in text:
+            return words
+    root = chain[-1]
+    raised = _RAISED.findall(str(root)) if _TRACEBACK in str(root) else []
+    if raised:  # a worker process's traceback as text: its last exception line says what happened
+        return raised[-1].strip()[:300]
+    first = (str(root).strip().splitlines() or [""])[0]
+    return f"{type(root).__name__}: {first}"[:300]
+
+
+_TRACEBACK = "Traceback (most recent call last)"
+_RAISED = re.compile(r"^\s*((?:\w+\.)*\w*(?:Error|Exception|Exit|Interrupt)\b.*)$", re.MULTILINE)
+
+_STORAGE_ERRNOS = {errno.ENOSPC: "no space left on the output's storage",
+                   errno.EDQUOT: "the output's storage quota is exhausted",
+                   errno.EROFS: "the output's storage is read-only"}

@@ -1,0 +1,182 @@
+"""Write: the `documents`, `pages` and `ledger` tables as Parquet, each run's rows in its own (tenant,
+run id) partition (the layout: schemas/layout.py; a run's partitions are listed, cleared and compacted by
+transforms/output/run_root.py).
+
+Each table has one Arrow schema (schemas/tables.py). Rows are written as the run goes (every
+`--flush-rows` rows or `--flush-seconds` seconds, and at each bundle's end), each file made visible
+atomically, so readers never see a half-written file and a killed run keeps what it flushed.
+"""
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import apache_beam as beam
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from schemas import tables
+from schemas.layout import join_uri, partition
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FlushPolicy:
+    """When a writer makes its buffered rows a file: every `rows` rows or when the oldest buffered
+    row is `seconds` old (0 turns either off), and always at the end of a bundle."""
+
+    rows: int = 500
+    seconds: float = 10.0
+
+    def due(self, buffered: int, oldest_age_s: float) -> bool:
+        """Pure. The age rule can only fire when a row arrives (no timers: Beam DoFns do their I/O on
+        the bundle's thread), so rows wait at most until the next row after `seconds`, or the bundle's end."""
+        if buffered <= 0:
+            return False
+        if self.rows > 0 and buffered >= self.rows:
+            return True
+        return self.seconds > 0 and oldest_age_s >= self.seconds
+
+
+class WriteParquetBundles(beam.DoFn):
+    """Rows -> Parquet files written as the run goes: one file each time the flush policy is due,
+    and one at the end of the bundle, each made visible atomically.
+
+    A runner may hand a fused stage its whole input as one bundle (the in-memory DirectRunner does),
+    so writing only at bundle end would keep every row in memory until the run ends and lose all of
+    them to a kill. A run killed midway keeps every flushed file, so a resumed run (same run id) does
+    only what is missing; it loses at most the rows buffered since the last flush, per writer.
+    Local files are written under a temporary name and renamed; an S3 object appears only when its
+    upload completes. A bundle that fails after a flush and is retried writes those rows again: the
+    compaction of a resumed run and the SQL views keep one row per key.
+    """
+
+    def __init__(self, folder: str, table: str, policy: FlushPolicy | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.folder = folder  # partition(output, table, tenant, run_id)
+        self.table = table
+        self.policy = policy or FlushPolicy()
+        self.clock = clock
+
+    def setup(self) -> None:
+        self.schema = tables.SCHEMAS[self.table]
+        self.rows_written = Metrics.counter("pagemill", f"{self.table}_rows_written")
+        self.files_written = Metrics.counter("pagemill", f"{self.table}_files_written")
+
+    def start_bundle(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.oldest = 0.0
+
+    def process(self, row: dict[str, Any]) -> Iterator[None]:
+        now = self.clock()
+        if not self.rows:
+            self.oldest = now
+        self.rows.append(row)
+        if self.policy.due(len(self.rows), now - self.oldest):
+            self.flush()
+        return iter(())
+
+    def finish_bundle(self) -> None:
+        self.flush()
+
+    def flush(self) -> None:
+        if not self.rows:
+            return
+        write_rows(self.folder, self.schema, self.rows)
+        self.rows_written.inc(len(self.rows))
+        self.files_written.inc()
+        self.rows = []
+
+
+def write_rows(folder: str, schema: pa.Schema, rows: list[dict[str, Any]], name: str | None = None) -> str:
+    table = pa.Table.from_pylist(rows, schema=schema)
+    final = join_uri(folder, name or f"part-{uuid.uuid4().hex}.parquet")
+    local = "://" not in folder or folder.startswith("file://")
+    target = final + ".inprogress" if local else final
+    buf = pa.BufferOutputStream()
+    pq.write_table(table, buf, compression="zstd")
+    try:
+        with FileSystems.create(target) as handle:
+            handle.write(buf.getvalue().to_pybytes())
+        if local:
+            FileSystems.rename([target], [final])
+    except Exception as err:
+        # A full disk or a failed upload leaves nothing behind: readers only list *.parquet, and a
+        # half-written .inprogress file would still hold the space.
+        _discard(target)
+        if isinstance(err, OSError) and err.errno and not err.filename:
+            raise OSError(err.errno, err.strerror, target) from err  # say which file, for the one-line error
+        raise
+    return final
+
+
+def _discard(path: str) -> None:
+    try:
+        FileSystems.delete([path])
+    except Exception:  # noqa: BLE001 - best effort; the original error is the one to report
+        log.warning("could not remove the partial file %s", path)
+
+
+class WriteTable(beam.PTransform):
+    """Rows (one PCollection, or the branches of a Flatten) -> Parquet files of one table.
+
+    Each input of a Flatten is written where it is produced: the in-memory DirectRunner materialises
+    every multi-input Flatten, so a writer behind one would see no row until all its inputs were
+    done. Writing the branches separately keeps each writer in its producer's fused stage."""
+
+    def __init__(self, output: str, table: str, tenant: str, run_id: str, policy: FlushPolicy | None = None,
+                 to_row: Callable[..., dict[str, Any]] | None = None, *args: Any) -> None:
+        super().__init__()
+        self.folder, self.table, self.policy = partition(output, table, tenant, run_id), table, policy
+        self.to_row, self.args = to_row, args
+
+    def expand(self, rows: beam.PCollection) -> tuple[beam.PCollection, ...]:
+        written = []
+        for i, branch in enumerate(flatten_branches(rows)):
+            if self.to_row is not None:
+                branch = branch | f"Rows{i}" >> beam.Map(self.to_row, *self.args)
+            writer = WriteParquetBundles(self.folder, self.table, self.policy)
+            written.append(branch | f"Write{i}" >> beam.ParDo(writer))
+        return tuple(written)
+
+
+def flatten_branches(pcoll: beam.PCollection) -> list[beam.PCollection]:
+    """The PCollections a Flatten (or a Flatten of Flattens) merged into `pcoll`, else [pcoll]."""
+    producer = pcoll.producer
+    if producer is None or not isinstance(producer.transform, beam.Flatten):
+        return [pcoll]
+    branches: list[beam.PCollection] = []
+    for part in producer.inputs:
+        branches.extend(flatten_branches(part))
+    return branches
+
+
+class WriteTables(beam.PTransform):
+    """(DocumentRows, PageRows) -> the three tables; `run` holds run_id, tenant and created_at."""
+
+    def __init__(self, output: str, run: Mapping[str, Any], pages: beam.PCollection,
+                 policy: FlushPolicy | None = None) -> None:
+        super().__init__()
+        self.output = output
+        self.run = dict(run)
+        self.pages = pages
+        self.policy = policy
+
+    def expand(self, documents: beam.PCollection) -> dict[str, tuple[beam.PCollection, ...]]:
+        run, run_id, tenant, policy = self.run, self.run["run_id"], self.run["tenant"], self.policy
+        out = self.output
+        return {
+            "documents": documents
+            | "WriteDocuments" >> WriteTable(out, "documents", tenant, run_id, policy, tables.document_row, run),
+            "pages": self.pages
+            | "WritePages" >> WriteTable(out, "pages", tenant, run_id, policy, tables.page_row, run),
+            "ledger": self.pages
+            | "WriteLedger" >> WriteTable(out, "ledger", tenant, run_id, policy, tables.ledger_row, run),
+        }

@@ -1,0 +1,1 @@
+"""Safety: blocklists, image classifiers, prompt-injection and personal-data scans, and the gate."""

@@ -1,0 +1,306 @@
+"""Safety gate: nothing on a blocklist, and nothing the classifier rejects, reaches hints or the model.
+
+Two places in the graph:
+- `DocumentGateDoFn`, on accepted documents before dedup and rendering: a document whose sha256 is
+  on a blocklist becomes a `documents` row with outcome `quarantined`, reason `blocked_hash`; it is
+  never rendered, and every copy of it is quarantined the same way.
+- `SafetyGateDoFn`, on rendered pages: page checks run in order (blocklists, then any extra checks
+  such as a vendor hash service, then the classifier) on the page as the model would see it. The first
+  verdict quarantines the page: a `pages` row with status and route `quarantined`, zero cost, which
+  list and distance (or classifier and score) in `quarantine_detail`. A check that raises quarantines
+  the page too (`safety_check_error`): the gate fails closed.
+
+pagemill never writes a quarantined page's bytes anywhere: the rows hold hashes and scores only.
+
+A page check is any object with `name` and `check(page, image) -> Verdict | None`; `--safety-check
+package.module:factory` adds one (the README shows a PhotoDNA-style example).
+
+Picture checks (a check with `pictures_only = True`: the NSFW classifier) look only at pages that can
+show a picture (`holds_picture`): image inputs, and PDF pages that draw a raster image or whose ink the
+text layer does not explain (scans, vector drawings, outlined text). A page of text and rules skips them,
+with the note `<check>:skipped_no_raster` in `flag_detail`. Blocklists and other checks run on every page.
+"""
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+from apache_beam.utils import shared
+from PIL import Image
+
+from schemas.records import DocumentRecord, DocumentRow, PageImage, PageRow
+from schemas.statuses import QUARANTINED
+from transforms.output.cache_key import settings_key
+from transforms.pages.sizes import resize_for_detail
+from transforms.pages.textlayer import PICTURE_MIN_COVERAGE
+from transforms.safety.blocklist import Blocklists, Match, load_blocklists, usable_pdq
+from transforms.safety.classifiers import ImageClassifier, load_classifier, load_factory
+
+SKIPPED_NOTE = "{name}:skipped_no_raster"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    reason_code: str  # blocked_hash, blocked_nsfw (or safety_check_error, set by the gate)
+    message: str
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+class PageCheck(Protocol):
+    name: str
+
+    def check(self, page: PageImage, image: Image.Image) -> Verdict | None: ...
+
+
+@dataclass(frozen=True)
+class SafetyConfig:
+    blocklists: tuple[str, ...] = ()
+    pdq_threshold: int = 31
+    nsfw_classifier: str = "none"
+    nsfw_threshold: float = 0.8
+    checks: tuple[str, ...] = ()
+    low_detail_side: int = 0  # > 0: pages may be sent this small, so that rendition is checked too
+
+    def lists_only(self) -> SafetyConfig:
+        """What checks stored hashes (documents, reused pages): no classifier, no extra checks."""
+        return SafetyConfig(blocklists=self.blocklists, pdq_threshold=self.pdq_threshold)
+
+    def key_form(self) -> SafetyConfig:
+        """The form the cache key holds (transforms/output/cache_key.py): the extra checks as a set (the first
+        verdict wins, so their order never lets a page through) and no threshold without a classifier.
+        Blocklists and the PDQ threshold are excluded there: reused pages are re-checked against today's
+        lists by their stored hashes."""
+        classifier = (self.nsfw_classifier or "none").strip()
+        return replace(self, nsfw_classifier=classifier, checks=tuple(sorted(set(self.checks))),
+                       nsfw_threshold=self.nsfw_threshold if classifier != "none" else 0.0)
+
+    def cache_key(self) -> str:
+        """The gate settings that a stored row cannot be re-checked against: the classifier and its
+        threshold, the extra checks and the low-detail side also checked, so part of the cache configuration."""
+        return settings_key(self)
+
+
+def match_verdict(match: Match, where: str) -> Verdict:
+    if match.kind == "sha256":
+        message = f"sha256 of the {where} is on blocklist {match.list_uri} (line {match.line})"
+    else:
+        message = (f"PDQ of the {where} is within {match.distance} bits (threshold {match.threshold}) "
+                   f"of blocklist {match.list_uri} line {match.line}")
+    detail = {"check": "blocklist", "kind": match.kind, "list": match.list_uri, "line": match.line,
+              "distance": match.distance, "where": where}
+    return Verdict("blocked_hash", message, detail)
+
+
+class BlocklistCheck:
+    """sha256 entries against the page hash; PDQ entries against each rendition the model may see."""
+
+    name = "blocklist"
+
+    def __init__(self, lists: Blocklists, threshold: int) -> None:
+        self.lists, self.threshold = lists, threshold
+
+    def check_hashes(self, page_hash: str, renditions: Sequence[tuple[str, str | None]]) -> Verdict | None:
+        found = self.lists.match_sha256(page_hash)
+        if found:
+            return match_verdict(found, "page")
+        for where, pdq in renditions:
+            found = self.lists.match_pdq(pdq, self.threshold)
+            if found:
+                return match_verdict(found, where)
+        return None
+
+
+def holds_picture(page: PageImage) -> bool:
+    """Whether the picture checks must see this page: it draws a raster image (every image input does),
+    or its text layer leaves ink unexplained (truncated evidence has coverage 0, so it counts)."""
+    return page.has_raster or page.text_coverage < PICTURE_MIN_COVERAGE
+
+
+class ClassifierCheck:
+    pictures_only = True
+
+    def __init__(self, classifier: ImageClassifier, threshold: float) -> None:
+        self.classifier, self.threshold = classifier, threshold
+        self.name = classifier.name
+
+    def check(self, page: PageImage, image: Image.Image) -> Verdict | None:
+        score, label = self.classifier.score(image)
+        if score < self.threshold:
+            return None
+        return Verdict("blocked_nsfw", f"{self.name} scored {score:.3f} ({label}), threshold {self.threshold}",
+                       {"check": self.name, "score": round(score, 4), "label": label, "threshold": self.threshold})
+
+
+@dataclass
+class Checks:
+    """What a worker process loads once: the lists, extra checks and the classifier. Shared between
+    the gate's threads (Beam's `Shared`), rebuilt only if the process has none."""
+
+    lists: Blocklists
+    blocklist: BlocklistCheck
+    others: list[PageCheck]
+
+
+def load_checks(cfg: SafetyConfig, lists: Blocklists | None = None) -> Checks:
+    """`lists`: already loaded (the render process gets them from its Beam worker, which can read them)."""
+    lists = load_blocklists(cfg.blocklists) if lists is None else lists
+    others: list[PageCheck] = [load_factory(spec)() for spec in cfg.checks]
+    classifier = load_classifier(cfg.nsfw_classifier)
+    if classifier is not None:
+        others.append(ClassifierCheck(classifier, cfg.nsfw_threshold))
+    return Checks(lists, BlocklistCheck(lists, cfg.pdq_threshold), others)
+
+
+def renditions(image: Image.Image, low_side: int) -> list[tuple[str, str | None]]:
+    """(name, usable PDQ) of each image the model may be sent: as rendered, and at low detail."""
+    out = [("page", usable_pdq(image))]
+    if low_side > 0 and max(image.size) > low_side:
+        out.append(("page at low detail", usable_pdq(resize_for_detail(image, low_side))))
+    return out
+
+
+def decode_luma(data: bytes) -> Image.Image:
+    """The page's luminance: a JPEG's own Y channel, decoded without its colour (Pillow's draft mode)."""
+    image = Image.open(io.BytesIO(data))
+    image.draft("L", image.size)
+    image.load()
+    return image if image.mode == "L" else image.convert("L")
+
+
+def decode_rgb(data: bytes) -> Image.Image:
+    """The page's pixels as RGB, copied only if the JPEG is not RGB already (a page's always is)."""
+    image = Image.open(io.BytesIO(data))
+    image.load()
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def screen_page(page: PageImage, checks: Checks, low_side: int) -> tuple[PageImage, Verdict | None]:
+    """The page with its PDQ hash, and the first verdict against it (None: it may go on). Pure apart
+    from what the checks themselves do; a check that raises gives a `safety_check_error` verdict.
+    PDQ hashes luminance, so the blocklist sees the JPEG's own luma channel (no colour decode); the
+    colour pixels are decoded only when a check that runs on this page needs them."""
+    name = "decode"
+    try:
+        picture = holds_picture(page)
+        runs = [c for c in checks.others if picture or not getattr(c, "pictures_only", False)]
+        skipped = [SKIPPED_NOTE.format(name=c.name) for c in checks.others if c not in runs]
+        name = "blocklist"
+        hashes = renditions(decode_luma(page.image), low_side)
+        page = replace(page, pdq_hash=hashes[0][1])
+        verdict = checks.blocklist.check_hashes(page.page_hash, hashes)
+        image = decode_rgb(page.image) if runs and verdict is None else None
+        for check in runs:
+            if verdict is not None:
+                break
+            name = check.name
+            verdict = check.check(page, image)
+        if skipped and verdict is None:
+            page = replace(page, flag_detail=page.flag_detail + tuple(skipped))
+    except Exception as err:  # noqa: BLE001 - fail closed: a page that could not be checked is not sent
+        verdict = Verdict("safety_check_error", f"{name}: {type(err).__name__}: {err}"[:500],
+                          {"check": name, "error": type(err).__name__})
+    return page, verdict
+
+
+def quarantined_page(page: PageImage, verdict: Verdict) -> PageRow:
+    return PageRow.of_page(page, QUARANTINED, hinted=False, reason_code=verdict.reason_code,
+                           message=verdict.message[:500], route="quarantined",
+                           quarantine_detail=json.dumps(dict(verdict.detail), sort_keys=True))
+
+
+def quarantined_reuse(earlier: Mapping[str, Any], doc_sha256: str, source_uri: str, page_index: int,
+                      verdict: Verdict) -> PageRow:
+    """A page whose earlier result is not reused: today's lists name its stored hashes. Nothing was
+    rendered; the row keeps the hashes it was matched on."""
+    detail = {**verdict.detail, "checked": "stored hashes of an earlier run"}
+    return PageRow.of_index(doc_sha256, source_uri, page_index, QUARANTINED, reason_code=verdict.reason_code,
+                            message=f"{verdict.message}; its earlier extraction is not reused"[:500],
+                            page_hash=earlier.get("page_hash"), width=earlier.get("width"),
+                            height=earlier.get("height"), route="quarantined", pdq_hash=earlier.get("pdq_hash"),
+                            quarantine_detail=json.dumps(detail, sort_keys=True))
+
+
+def quarantined_document(doc: DocumentRecord, verdict: Verdict) -> DocumentRow:
+    return DocumentRow(source_uri=doc.uri, bytes=doc.size, outcome=QUARANTINED, doc_sha256=doc.doc_sha256,
+                       format=doc.format, page_count=doc.page_count, reason_code=verdict.reason_code,
+                       message=verdict.message[:500],
+                       quarantine_detail=json.dumps(dict(verdict.detail), sort_keys=True))
+
+
+class LoadsChecks(beam.DoFn):
+    """A DoFn that holds the checks of `cfg`, loaded once per worker process."""
+
+    def __init__(self, cfg: SafetyConfig) -> None:
+        self.cfg = cfg
+        self._shared = shared.Shared()
+
+    def setup(self) -> None:
+        cfg = self.cfg
+        self.checks: Checks = self._shared.acquire(lambda: load_checks(cfg), tag=repr(cfg))
+
+
+class DocumentGateDoFn(LoadsChecks):
+    """DocumentRecord -> DocumentRecord (main), or a quarantined DocumentRow (tag `quarantined`)."""
+
+    def __init__(self, cfg: SafetyConfig) -> None:
+        # Only the lists are needed here: no classifier is loaded for documents.
+        super().__init__(cfg.lists_only())
+        self.quarantined = Metrics.counter("pagemill", "documents_quarantined")
+
+    def process(self, doc: DocumentRecord) -> Iterator[object]:
+        found = self.checks.lists.match_sha256(doc.doc_sha256)
+        if found is None:
+            yield doc
+            return
+        self.quarantined.inc()
+        yield beam.pvalue.TaggedOutput(QUARANTINED, quarantined_document(doc, match_verdict(found, "document")))
+
+
+class SafetyGateDoFn(LoadsChecks):
+    """PageImage -> PageImage with its PDQ hash (main), or a quarantined PageRow (tag `quarantined`)."""
+
+    def __init__(self, cfg: SafetyConfig) -> None:
+        super().__init__(cfg)
+        self.passed = Metrics.counter("pagemill", "pages_passed_safety")
+        self.quarantined = Metrics.counter("pagemill", "pages_quarantined")
+        self.gate_ms = Metrics.distribution("pagemill", "safety_ms")
+        self.skipped = Metrics.counter("pagemill", "pages_picture_checks_skipped")
+
+    def process(self, page: PageImage) -> Iterator[object]:
+        start = time.perf_counter()
+        checked, verdict = screen_page(page, self.checks, self.cfg.low_detail_side)
+        self.gate_ms.update(int((time.perf_counter() - start) * 1000))
+        if any(d.endswith(":skipped_no_raster") for d in checked.flag_detail[len(page.flag_detail):]):
+            self.skipped.inc()
+        if verdict is None:
+            self.passed.inc()
+            yield checked
+        else:
+            self.quarantined.inc()
+            yield beam.pvalue.TaggedOutput(QUARANTINED, quarantined_page(checked, verdict))
+
+
+def check_config(cfg: SafetyConfig) -> list[str]:
+    """Problems to report before the run starts: unreadable lists, a classifier or check that does
+    not load. Loads everything once in the launcher (cheap next to a failed run)."""
+    problems = []
+    try:
+        load_blocklists(cfg.blocklists)
+    except ValueError as err:
+        problems.append(f"--blocklist: {err}")
+    for spec in cfg.checks:
+        try:
+            load_factory(spec)
+        except Exception as err:  # noqa: BLE001 - reported, not raised
+            problems.append(f"--safety-check {spec}: {type(err).__name__}: {err}")
+    try:
+        load_classifier(cfg.nsfw_classifier)
+    except Exception as err:  # noqa: BLE001
+        problems.append(f"--nsfw-classifier {cfg.nsfw_classifier}: {type(err).__name__}: {err}")
+    return problems
