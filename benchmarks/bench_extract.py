@@ -44,7 +44,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from schemas.extraction import load_schema  # noqa: E402
 from schemas.records import DocumentRecord, ExtractionResult, ListedObject, PageImage, PageTask  # noqa: E402
-from transforms import budget  # noqa: E402
+from transforms.model import budget  # noqa: E402
 from transforms.engines.feed import extract_all  # noqa: E402
 from transforms.engines.local import Engine, EngineSettings, is_cpu_platform, prepare_environment  # noqa: E402
 from transforms.intake.inspection import IntakeLimits, inspect_document  # noqa: E402
