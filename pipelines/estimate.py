@@ -34,6 +34,7 @@ from pipelines.settings import run_settings
 from pipelines.storage import StorageConfig
 from schemas.extraction import ExtractionSchema
 from schemas.records import API_ROUTE_PREFIX
+from transforms.hints.choose import HintSettings
 from transforms.intake.listing import list_matching
 from transforms.model import budget
 from transforms.model.markdown import MarkdownFormat, load_output
@@ -161,9 +162,8 @@ class HintPolicy:
     low_detail_side: int = 640
 
     @classmethod
-    def of(cls, o: PagemillOptions) -> HintPolicy:
-        # getattr: the options of the hints stage, where a checkout has it.
-        return cls(getattr(o, "hints", "text_layer"), getattr(o, "detail", "high"), getattr(o, "low_detail_side", 0))
+    def of(cls, s: HintSettings) -> HintPolicy:
+        return cls(s.mode, s.detail, s.low_detail_side)
 
     def hint(self, text: str, max_chars: int) -> str:
         """The text layer is the hint under auto and text_layer (OCR text cannot be known without rendering)."""
@@ -299,7 +299,7 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
     cached = cached_documents(o.output, storage, {d.doc_sha256: len(d.pages) for d in kept if d.doc_sha256}, key) \
         if o.output else set()
     out_figure, out_source = output_figure(o, storage, key, output_tokens)
-    prompt, policy = PromptTokens(o.model, o.model_revision, schema, markdown), HintPolicy.of(o)
+    prompt, policy = PromptTokens(o.model, o.model_revision, schema, markdown), HintPolicy.of(run.hints)
     todo = [d for d in kept if d.doc_sha256 not in cached]
     t_prompt = time.perf_counter()
     decisions = render_decisions(todo, run, policy.detail, policy.hints, sample_pages, sample_seed)
