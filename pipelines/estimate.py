@@ -34,6 +34,7 @@ from pipelines.settings import run_settings
 from pipelines.storage import StorageConfig
 from schemas.extraction import ExtractionSchema
 from schemas.records import API_ROUTE_PREFIX
+from schemas.statuses import FAILED, REJECTED
 from transforms.hints.choose import HintSettings
 from transforms.intake.listing import list_matching
 from transforms.model import budget
@@ -192,7 +193,7 @@ def plan_pages(docs: Sequence[Scanned], o: PagemillOptions, prompt: PromptTokens
     plans = []
     for (uri, fmt, p), hint, text_tokens, choice in zip(pages, hints, prompt.count_many(hints), chosen, strict=True):
         if p.reason_code:
-            plans.append(PagePlan(uri, p.page_index, 0, 0, 0, 0, 0, 0, "failed", p.reason_code))
+            plans.append(PagePlan(uri, p.page_index, 0, 0, 0, 0, 0, 0, FAILED, p.reason_code))
             continue
         group = stratum(fmt, p.text)
         share = None if choice is not None or decisions is None or policy.detail != "auto" or side <= 0 \
@@ -203,7 +204,7 @@ def plan_pages(docs: Sequence[Scanned], o: PagemillOptions, prompt: PromptTokens
                                  o.max_model_len, family) if side > 0 else high
         size = small if (low if share is None else share >= 0.5) else high
         if size is None:
-            plans.append(PagePlan(uri, p.page_index, p.width, p.height, 0, 0, 0, 0, "failed", "over_token_budget"))
+            plans.append(PagePlan(uri, p.page_index, p.width, p.height, 0, 0, 0, 0, FAILED, "over_token_budget"))
             continue
         tokens = {k: budget.estimate_image_tokens(family, *v) if v else 0 for k, v in
                   (("low", small), ("high", high), ("sent", size))}
@@ -325,8 +326,8 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
         f"output tokens: {out_source}",
         f"self-hosted throughput: {throughput.pages_per_s:g} pages/s, {throughput.source}",
         NOT_COUNTED, HOSTED_NOTE]
-    rejected = Counter(d.reason_code for d in scanned if d.status == "rejected")
-    failed = Counter(p.reason_code for p in plans if p.status == "failed")
+    rejected = Counter(d.reason_code for d in scanned if d.status == REJECTED)
+    failed = Counter(p.reason_code for p in plans if p.status == FAILED)
     usd = gpu_hours * o.gpu_hourly_usd
     hosted = hosted_prices(to_model, tokens, prices)
     report: dict[str, Any] = {

@@ -18,7 +18,7 @@ import pyarrow as pa
 from pipelines import sql
 from pipelines.storage import StorageConfig
 from schemas.records import DocumentRecord, ListedObject, model_routes_sql
-from schemas.statuses import SUCCESS, sql_list
+from schemas.statuses import OK, REJECTED, SUCCESS, sql_list
 from transforms.intake.accept import size_gate
 from transforms.intake.dedup import split_duplicates
 from transforms.intake.inspection import IntakeLimits, inspect_document
@@ -52,11 +52,11 @@ class Scanned:
 def scan_object(obj: ListedObject, s: ScanSettings) -> Scanned:
     gated = size_gate(obj, s.limits)
     if gated is not None:
-        return Scanned(obj.uri, max(obj.size, 0), "rejected", gated.reason_code)
+        return Scanned(obj.uri, max(obj.size, 0), REJECTED, gated.reason_code)
     try:
         data = read_capped(obj.uri, s.limits.max_bytes)
     except Exception:  # noqa: BLE001 - any storage error is this object's outcome, as in intake
-        return Scanned(obj.uri, max(obj.size, 0), "rejected", "unreadable")
+        return Scanned(obj.uri, max(obj.size, 0), REJECTED, "unreadable")
     return scan_data(obj, data, s)
 
 
@@ -64,7 +64,7 @@ def scan_data(obj: ListedObject, data: bytes, s: ScanSettings) -> Scanned:
     """Hash, sniff and validate bytes already read (`inspect_document`, as intake does), then measure pages."""
     result = inspect_document(obj, data, s.limits)
     if not isinstance(result, DocumentRecord):
-        return Scanned(obj.uri, result.bytes, "rejected", result.reason_code, result.doc_sha256, result.format)
+        return Scanned(obj.uri, result.bytes, REJECTED, result.reason_code, result.doc_sha256, result.format)
     try:
         pages = tuple(_page_sizes(result, data, s))
     except Exception:  # noqa: BLE001 - intake opened it; if measuring fails, every page would fail to render
@@ -137,7 +137,7 @@ def measured_output_tokens(output: str, storage: StorageConfig, key: CacheKeyPar
         mean, n = con.execute(
             "SELECT avg(l.output_tokens), count(*) FROM ledger l "
             "JOIN pages p USING (tenant, run_id, doc_sha256, page_index) "
-            f"WHERE {model_routes_sql('l.route')} AND p.status = 'ok' AND p.tenant = ? AND p.model = ? "
+            f"WHERE {model_routes_sql('l.route')} AND p.status = '{OK}' AND p.tenant = ? AND p.model = ? "
             "AND p.schema_hash = ?",
             [key.tenant, key.model, key.schema_hash]).fetchone()
     finally:
