@@ -291,7 +291,7 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
     t_list = time.perf_counter()
     run = run_settings(o)  # the run's own settings (one home: pipelines/settings.py)
     settings = ScanSettings(run.intake, run.render.dpi, run.render.max_side, run.render.max_page_points,
-                            run.render.max_text_chars, read_text)
+                            run.render.max_text_chars, read_text, run.read)
     scanned = scan(objects, settings, workers)
     t_scan = time.perf_counter()
     dup = duplicates(scanned)

@@ -22,7 +22,7 @@ from schemas.statuses import OK, REJECTED, SUCCESS, sql_list
 from transforms.intake.accept import size_gate
 from transforms.intake.dedup import split_duplicates
 from transforms.intake.inspection import IntakeLimits, inspect_document
-from transforms.intake.reading import read_capped
+from transforms.intake.reading import ObjectReader, ReadConfig, ReadFailed
 from transforms.pages.sizes import PageSize, image_page_sizes, pdf_page_sizes
 
 
@@ -34,6 +34,7 @@ class ScanSettings:
     max_page_points: float
     max_text_chars: int
     read_text: bool
+    read: ReadConfig  # the run's own reads (S3 retries, keys): an object fails here as it would in the run
 
 
 @dataclass(frozen=True)
@@ -49,14 +50,15 @@ class Scanned:
     pages: tuple[PageSize, ...] = ()
 
 
-def scan_object(obj: ListedObject, s: ScanSettings) -> Scanned:
+def scan_object(obj: ListedObject, s: ScanSettings, reader: ObjectReader | None = None) -> Scanned:
+    """One object, read as intake reads it (`ObjectReader`: storage_error after its retries, else unreadable)."""
     gated = size_gate(obj, s.limits)
     if gated is not None:
         return Scanned(obj.uri, max(obj.size, 0), REJECTED, gated.reason_code)
     try:
-        data = read_capped(obj.uri, s.limits.max_bytes)
-    except Exception:  # noqa: BLE001 - any storage error is this object's outcome, as in intake
-        return Scanned(obj.uri, max(obj.size, 0), REJECTED, "unreadable")
+        data = (reader or ObjectReader(s.read)).read(obj.uri, s.limits.max_bytes)
+    except ReadFailed as err:  # any storage error is this object's outcome, as in intake
+        return Scanned(obj.uri, max(obj.size, 0), REJECTED, err.reason_code)
     return scan_data(obj, data, s)
 
 
@@ -81,10 +83,11 @@ def _page_sizes(doc: DocumentRecord, data: bytes, s: ScanSettings) -> Iterable[P
 
 def scan(objects: Sequence[ListedObject], s: ScanSettings, workers: int = 8) -> list[Scanned]:
     """Scan every object, in listing order. Threads overlap the reads (object stores are I/O bound)."""
+    reader = ObjectReader(s.read)  # one reader, so one S3 client, for the whole scan (boto3 clients are thread-safe)
     if workers <= 1:
-        return [scan_object(o, s) for o in objects]
+        return [scan_object(o, s, reader) for o in objects]
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(lambda o: scan_object(o, s), objects, chunksize=16))
+        return list(pool.map(lambda o: scan_object(o, s, reader), objects, chunksize=16))
 
 
 def duplicates(scanned: Iterable[Scanned]) -> dict[str, str]:
