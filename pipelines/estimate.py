@@ -34,6 +34,8 @@ from pipelines.settings import run_settings
 from pipelines.storage import StorageConfig
 from schemas.extraction import ExtractionSchema
 from schemas.records import API_ROUTE_PREFIX
+from schemas.statuses import FAILED, REJECTED
+from transforms.hints.choose import HintSettings
 from transforms.intake.listing import list_matching
 from transforms.model import budget
 from transforms.model.markdown import MarkdownFormat, load_output
@@ -161,9 +163,8 @@ class HintPolicy:
     low_detail_side: int = 640
 
     @classmethod
-    def of(cls, o: PagemillOptions) -> HintPolicy:
-        # getattr: the options of the hints stage, where a checkout has it.
-        return cls(getattr(o, "hints", "text_layer"), getattr(o, "detail", "high"), getattr(o, "low_detail_side", 0))
+    def of(cls, s: HintSettings) -> HintPolicy:
+        return cls(s.mode, s.detail, s.low_detail_side)
 
     def hint(self, text: str, max_chars: int) -> str:
         """The text layer is the hint under auto and text_layer (OCR text cannot be known without rendering)."""
@@ -192,7 +193,7 @@ def plan_pages(docs: Sequence[Scanned], o: PagemillOptions, prompt: PromptTokens
     plans = []
     for (uri, fmt, p), hint, text_tokens, choice in zip(pages, hints, prompt.count_many(hints), chosen, strict=True):
         if p.reason_code:
-            plans.append(PagePlan(uri, p.page_index, 0, 0, 0, 0, 0, 0, "failed", p.reason_code))
+            plans.append(PagePlan(uri, p.page_index, 0, 0, 0, 0, 0, 0, FAILED, p.reason_code))
             continue
         group = stratum(fmt, p.text)
         share = None if choice is not None or decisions is None or policy.detail != "auto" or side <= 0 \
@@ -203,7 +204,7 @@ def plan_pages(docs: Sequence[Scanned], o: PagemillOptions, prompt: PromptTokens
                                  o.max_model_len, family) if side > 0 else high
         size = small if (low if share is None else share >= 0.5) else high
         if size is None:
-            plans.append(PagePlan(uri, p.page_index, p.width, p.height, 0, 0, 0, 0, "failed", "over_token_budget"))
+            plans.append(PagePlan(uri, p.page_index, p.width, p.height, 0, 0, 0, 0, FAILED, "over_token_budget"))
             continue
         tokens = {k: budget.estimate_image_tokens(family, *v) if v else 0 for k, v in
                   (("low", small), ("high", high), ("sent", size))}
@@ -290,7 +291,7 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
     t_list = time.perf_counter()
     run = run_settings(o)  # the run's own settings (one home: pipelines/settings.py)
     settings = ScanSettings(run.intake, run.render.dpi, run.render.max_side, run.render.max_page_points,
-                            run.render.max_text_chars, read_text)
+                            run.render.max_text_chars, read_text, run.read)
     scanned = scan(objects, settings, workers)
     t_scan = time.perf_counter()
     dup = duplicates(scanned)
@@ -299,7 +300,7 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
     cached = cached_documents(o.output, storage, {d.doc_sha256: len(d.pages) for d in kept if d.doc_sha256}, key) \
         if o.output else set()
     out_figure, out_source = output_figure(o, storage, key, output_tokens)
-    prompt, policy = PromptTokens(o.model, o.model_revision, schema, markdown), HintPolicy.of(o)
+    prompt, policy = PromptTokens(o.model, o.model_revision, schema, markdown), HintPolicy.of(run.hints)
     todo = [d for d in kept if d.doc_sha256 not in cached]
     t_prompt = time.perf_counter()
     decisions = render_decisions(todo, run, policy.detail, policy.hints, sample_pages, sample_seed)
@@ -325,8 +326,8 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
         f"output tokens: {out_source}",
         f"self-hosted throughput: {throughput.pages_per_s:g} pages/s, {throughput.source}",
         NOT_COUNTED, HOSTED_NOTE]
-    rejected = Counter(d.reason_code for d in scanned if d.status == "rejected")
-    failed = Counter(p.reason_code for p in plans if p.status == "failed")
+    rejected = Counter(d.reason_code for d in scanned if d.status == REJECTED)
+    failed = Counter(p.reason_code for p in plans if p.status == FAILED)
     usd = gpu_hours * o.gpu_hourly_usd
     hosted = hosted_prices(to_model, tokens, prices)
     report: dict[str, Any] = {

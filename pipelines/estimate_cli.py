@@ -71,10 +71,12 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, PagemillOptions, Sto
     args, rest = parser.parse_known_args(argv)
     from transforms.model.presets import with_preset
 
-    options = PagemillOptions(with_preset(merge_flags(rest, args.job)))
-    # As `pagemill run`: storage flags on the command line win over those in the job file or Beam's own.
+    flags = with_preset(merge_flags(rest, args.job))
+    # As `pagemill run`: storage flags on the command line win over those in the job file or Beam's own, and
+    # the options carry them (Beam's S3Options), so that objects are read with the run's own settings.
     given = {k: v for k, v in vars(args).items() if v}
-    return args, options.view_as(PagemillOptions), storage_from({**options.get_all_options(), **given})
+    storage = storage_from({**PagemillOptions(flags).get_all_options(), **given})
+    return args, PagemillOptions(flags + storage.beam_flags()).view_as(PagemillOptions), storage
 
 
 def command(argv: Sequence[str]) -> int:

@@ -18,11 +18,11 @@ import pyarrow as pa
 from pipelines import sql
 from pipelines.storage import StorageConfig
 from schemas.records import DocumentRecord, ListedObject, model_routes_sql
-from schemas.statuses import SUCCESS, sql_list
+from schemas.statuses import OK, REJECTED, SUCCESS, sql_list
 from transforms.intake.accept import size_gate
 from transforms.intake.dedup import split_duplicates
 from transforms.intake.inspection import IntakeLimits, inspect_document
-from transforms.intake.reading import read_capped
+from transforms.intake.reading import ObjectReader, ReadConfig, ReadFailed
 from transforms.pages.sizes import PageSize, image_page_sizes, pdf_page_sizes
 
 
@@ -34,6 +34,7 @@ class ScanSettings:
     max_page_points: float
     max_text_chars: int
     read_text: bool
+    read: ReadConfig  # the run's own reads (S3 retries, keys): an object fails here as it would in the run
 
 
 @dataclass(frozen=True)
@@ -49,14 +50,15 @@ class Scanned:
     pages: tuple[PageSize, ...] = ()
 
 
-def scan_object(obj: ListedObject, s: ScanSettings) -> Scanned:
+def scan_object(obj: ListedObject, s: ScanSettings, reader: ObjectReader | None = None) -> Scanned:
+    """One object, read as intake reads it (`ObjectReader`: storage_error after its retries, else unreadable)."""
     gated = size_gate(obj, s.limits)
     if gated is not None:
-        return Scanned(obj.uri, max(obj.size, 0), "rejected", gated.reason_code)
+        return Scanned(obj.uri, max(obj.size, 0), REJECTED, gated.reason_code)
     try:
-        data = read_capped(obj.uri, s.limits.max_bytes)
-    except Exception:  # noqa: BLE001 - any storage error is this object's outcome, as in intake
-        return Scanned(obj.uri, max(obj.size, 0), "rejected", "unreadable")
+        data = (reader or ObjectReader(s.read)).read(obj.uri, s.limits.max_bytes)
+    except ReadFailed as err:  # any storage error is this object's outcome, as in intake
+        return Scanned(obj.uri, max(obj.size, 0), REJECTED, err.reason_code)
     return scan_data(obj, data, s)
 
 
@@ -64,7 +66,7 @@ def scan_data(obj: ListedObject, data: bytes, s: ScanSettings) -> Scanned:
     """Hash, sniff and validate bytes already read (`inspect_document`, as intake does), then measure pages."""
     result = inspect_document(obj, data, s.limits)
     if not isinstance(result, DocumentRecord):
-        return Scanned(obj.uri, result.bytes, "rejected", result.reason_code, result.doc_sha256, result.format)
+        return Scanned(obj.uri, result.bytes, REJECTED, result.reason_code, result.doc_sha256, result.format)
     try:
         pages = tuple(_page_sizes(result, data, s))
     except Exception:  # noqa: BLE001 - intake opened it; if measuring fails, every page would fail to render
@@ -81,10 +83,11 @@ def _page_sizes(doc: DocumentRecord, data: bytes, s: ScanSettings) -> Iterable[P
 
 def scan(objects: Sequence[ListedObject], s: ScanSettings, workers: int = 8) -> list[Scanned]:
     """Scan every object, in listing order. Threads overlap the reads (object stores are I/O bound)."""
+    reader = ObjectReader(s.read)  # one reader, so one S3 client, for the whole scan (boto3 clients are thread-safe)
     if workers <= 1:
-        return [scan_object(o, s) for o in objects]
+        return [scan_object(o, s, reader) for o in objects]
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(lambda o: scan_object(o, s), objects, chunksize=16))
+        return list(pool.map(lambda o: scan_object(o, s, reader), objects, chunksize=16))
 
 
 def duplicates(scanned: Iterable[Scanned]) -> dict[str, str]:
@@ -137,7 +140,7 @@ def measured_output_tokens(output: str, storage: StorageConfig, key: CacheKeyPar
         mean, n = con.execute(
             "SELECT avg(l.output_tokens), count(*) FROM ledger l "
             "JOIN pages p USING (tenant, run_id, doc_sha256, page_index) "
-            f"WHERE {model_routes_sql('l.route')} AND p.status = 'ok' AND p.tenant = ? AND p.model = ? "
+            f"WHERE {model_routes_sql('l.route')} AND p.status = '{OK}' AND p.tenant = ? AND p.model = ? "
             "AND p.schema_hash = ?",
             [key.tenant, key.model, key.schema_hash]).fetchone()
     finally:

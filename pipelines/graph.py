@@ -10,7 +10,7 @@ import apache_beam as beam
 
 from pipelines.settings import RunSettings
 from schemas.records import PageImage, PageRow
-from schemas.statuses import REJECTED, RENDERED
+from schemas.statuses import CACHED, REJECTED, RENDERED
 from transforms.engines.local import Engine
 from transforms.hints.choose import HintsDoFn, Ocr
 from transforms.intake.accept import IntakeDoFn
@@ -20,7 +20,7 @@ from transforms.intake.listing import ListObjects
 from transforms.intake.reading import ObjectReader
 from transforms.intake.timed import TimedIntakeDoFn
 from transforms.model.extract import EngineFactory, ExtractPages  # vLLM is imported by workers only
-from transforms.output.cache import CACHED, ReadEarlierPages, SkipCachedDocuments, SkipDoneDocuments
+from transforms.output.cache import ReadEarlierPages, SkipCachedDocuments, SkipDoneDocuments
 from transforms.output.outcome import DocumentOutcomes
 from transforms.output.progress import ProgressDoFn
 from transforms.output.write import WriteTables

@@ -20,7 +20,6 @@ import pyarrow.fs as pafs
 
 from pipelines.storage import StorageConfig, arrow_filesystem
 from schemas import layout, tables
-from schemas.layout import TABLE_KEYS
 
 # Cell text that a spreadsheet would run as a formula (OWASP's list: = + - @, and tab / CR before them).
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
@@ -77,7 +76,7 @@ def connect(output: str, storage: StorageConfig | None = None, tenant: str | Non
         if tenant is not None and files:
             data = data.filter(ds.field("tenant") == tenant)  # a row written to the wrong folder stays out
         con.register(f"{table}_all", data)
-        keys = ", ".join(TABLE_KEYS[table])
+        keys = ", ".join(layout.TABLE_KEYS[table])
         con.execute(f"CREATE VIEW {table} AS SELECT * FROM {table}_all "
                     f"QUALIFY row_number() OVER (PARTITION BY {keys} ORDER BY created_at DESC) = 1")
     con.register("runs", runs_table(fs, root, tenant))
@@ -97,7 +96,7 @@ def lock(con: duckdb.DuckDBPyConnection) -> None:
 def duplicate_keys(con: duckdb.DuckDBPyConnection, table: str, tenant: str, run_id: str,
                    limit: int = 5) -> tuple[int, list[tuple[Any, ...]]]:
     """Keys of one run that have more than one raw row: (how many keys, a few examples)."""
-    keys = ", ".join(TABLE_KEYS[table])
+    keys = ", ".join(layout.TABLE_KEYS[table])
     query = (f"SELECT {keys}, count(*) AS n FROM {table}_all WHERE tenant = ? AND run_id = ? "
              f"GROUP BY ALL HAVING count(*) > 1 ORDER BY ALL")
     found = con.execute(query, [tenant, run_id]).fetchall()

@@ -24,7 +24,7 @@ from pipelines.settings import run_settings
 from tests import docmaker
 from tests.conftest import vllm_available
 from tests.pipelines.test_safety_pipeline import ProbeEngine
-from tests.transforms.safety.test_safety import _gradient, encode, photo
+from tests.transforms.safety.test_gate import _gradient, encode, photo
 from transforms.output.run_root import tenant_files
 from transforms.safety.classifiers import NudeNetClassifier
 

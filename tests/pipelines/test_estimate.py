@@ -19,6 +19,7 @@ from tests.conftest import CORPUS as SHARED_CORPUS
 from tests.conftest import vllm_available
 from tests.pipelines import cost_runs
 from transforms.intake.inspection import IntakeLimits
+from transforms.intake.reading import ReadConfig
 from transforms.model import budget
 from transforms.pages import sizes
 from transforms.pages.render import RenderSettings, render_document
@@ -53,7 +54,7 @@ def rendered_sizes(data: bytes, dpi: float, max_side: int, limit: int | None = N
                               max_page_points=14_400, max_image_pixels=LIMITS.max_image_pixels,
                               max_bytes=LIMITS.max_bytes)
     result = scan_data(ListedObject("mem://doc", len(data)), data, ScanSettings(LIMITS, dpi, max_side, 14_400, 20_000,
-                                                                               True))
+                                                                               True, ReadConfig()))
     assert result.status == "accepted", result
     doc = DocumentRecord("mem://doc", len(data), result.doc_sha256 or "", result.format or "", len(result.pages))
     out: list[tuple[int, int] | str] = []
@@ -70,7 +71,7 @@ def rendered_sizes(data: bytes, dpi: float, max_side: int, limit: int | None = N
 
 def estimated_sizes(data: bytes, dpi: float, max_side: int, limit: int | None = None) -> list[tuple[int, int] | str]:
     result = scan_data(ListedObject("mem://doc", len(data)), data, ScanSettings(LIMITS, dpi, max_side, 14_400, 20_000,
-                                                                               False))
+                                                                               False, ReadConfig()))
     pages = result.pages[:limit] if limit else result.pages
     return [p.reason_code if p.reason_code else (p.width, p.height) for p in pages]
 
@@ -125,8 +126,8 @@ def test_page_sizes_equal_the_rendered_pages_on_the_corpus() -> None:
         if path.suffix.lower() not in (".pdf", ".png") or path.stat().st_size > LIMITS.max_bytes:
             continue
         data = path.read_bytes()
-        if scan_object(ListedObject(str(path), len(data)), ScanSettings(LIMITS, 150, 1288, 14_400, 1, False)).status \
-                != "accepted":
+        settings = ScanSettings(LIMITS, 150, 1288, 14_400, 1, False, ReadConfig())
+        if scan_object(ListedObject(str(path), len(data)), settings).status != "accepted":
             continue
         assert estimated_sizes(data, 150, 1288, limit=3) == rendered_sizes(data, 150, 1288, limit=3), path
         checked += 1

@@ -106,3 +106,18 @@ def test_an_object_that_keeps_failing_gets_a_storage_error_row(moto: str, tmp_pa
     manifest = json.loads((tmp_path / "out" / "runs" / "f1.json").read_text())
     assert code == manifest["exit_code"] == 1
     assert "1 of 4 documents" in manifest["exit_reason"] and "system reasons" in manifest["exit_reason"]
+
+
+def test_estimate_reads_as_the_run_does(moto: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`pagemill estimate` reads objects with the run's reader: the same retries, the same reason code."""
+    make_bucket({"endpoint": moto, **S3}, "estimate", OBJECTS)
+    doomed = lambda op, key, seen: SLOW_DOWN if op == "get" and key.endswith("/in/doomed.pdf") else None  # noqa: E731
+    with FaultProxy(moto, doomed) as proxy:
+        capsys.readouterr()
+        code = cli.main(["estimate", "--format", "json", "--input", "s3://estimate/in/", "--pages-per-second", "1",
+                         "--s3-max-attempts", "3", "--s3-endpoint-url", proxy.url, "--s3-access-key-id", S3["key"],
+                         "--s3-secret-access-key", S3["secret"], "--s3-region", S3["region"]])
+    assert code == 0
+    assert proxy.seen["get", "estimate/in/doomed.pdf"] == 3  # retried as configured, then given up
+    documents = json.loads(capsys.readouterr().out)["documents"]
+    assert (documents["listed"], documents["rejected"], documents["reject_reasons"]) == (4, 1, {"storage_error": 1})

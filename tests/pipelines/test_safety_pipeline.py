@@ -28,8 +28,8 @@ from pipelines.options import PagemillOptions
 from pipelines.settings import run_settings
 from tests import docmaker
 from tests.conftest import vllm_available
-from tests.transforms.hints.test_hints import RecordingOcr
-from tests.transforms.safety.test_safety import _gradient, encode, hamming, photo
+from tests.transforms.hints.test_choose import RecordingOcr
+from tests.transforms.safety.test_gate import _gradient, encode, hamming, photo
 from transforms.engines.local import Engine
 from transforms.hints.ocr import available_languages
 from transforms.safety.blocklist import pdq_hash, usable_pdq

@@ -130,7 +130,7 @@ def build_request(task: PageTask, cfg: ExtractConfig) -> Request:
 
 
 def sampling_body(schema: ExtractionSchema, max_tokens: int, attempt: int) -> dict[str, Any]:
-    """Decoding fields of one try, as engine_feed.sampling_params: greedy first, then sampled. Pure."""
+    """Decoding fields of one try, as transforms.engines.feed.sampling_params: greedy first, then sampled. Pure."""
     from transforms.engines.feed import decoding
 
     temperature, top_p = decoding(attempt)

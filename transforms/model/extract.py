@@ -229,7 +229,7 @@ class StreamExtractDoFn(beam.DoFn):
     def finish_bundle(self) -> Iterator[Any]:
         pending, self._pending = self._pending, []
         for p in pending:
-            p.result.result()  # every claimed page ends with a result (engine_feed's promise)
+            p.result.result()  # every claimed page ends with a result (transforms.engines.feed's promise)
             for row in self._rows(p):
                 yield GlobalWindows.windowed_value(row)
 

@@ -35,7 +35,6 @@ from schemas import statuses
 from schemas.records import DocumentRecord, ListedObject, PageRow
 from transforms.safety.gate import BlocklistCheck, LoadsChecks, SafetyConfig, quarantined_reuse
 
-CACHED = "cached"  # the tag of documents answered from the cache
 CACHE_COLUMNS = ["tenant", "doc_sha256", "page_index", "page_hash", "cache_key", "config_key", "status",
                  "schema_id", "schema_hash", "model", "model_revision", "extraction", "validation_errors",
                  "flags", "hint_source", "width", "height", "created_at",
@@ -136,7 +135,7 @@ class _SplitCachedDocuments(LoadsChecks):
                 yield doc
             else:
                 for row in rows:
-                    yield beam.pvalue.TaggedOutput(CACHED, row)
+                    yield beam.pvalue.TaggedOutput(statuses.CACHED, row)
 
 
 class SkipCachedDocuments(beam.PTransform):
@@ -154,7 +153,7 @@ class SkipCachedDocuments(beam.PTransform):
         return (
             {"docs": keyed, "earlier": earlier}
             | "JoinEarlier" >> beam.CoGroupByKey()
-            | "Split" >> beam.ParDo(_SplitCachedDocuments(self.safety)).with_outputs(CACHED, main="render")
+            | "Split" >> beam.ParDo(_SplitCachedDocuments(self.safety)).with_outputs(statuses.CACHED, main="render")
         )
 
 

@@ -75,7 +75,7 @@ def compact_run(output: str, tenant: str, run_id: str) -> dict[str, int]:
                 if key not in latest or _rank(row) >= _rank(latest[key]):
                     latest[key] = row
         write_rows(layout.partition(output, table, tenant, run_id), schema, list(latest.values()),
-                   name=f"part-compacted-{uuid.uuid4().hex}.parquet")
+                   name=f"part-compacted-{uuid.uuid4().hex}{layout.PART_SUFFIX}")
         FileSystems.delete(files)
         kept[table] = len(latest)
     return kept

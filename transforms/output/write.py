@@ -22,7 +22,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from schemas import tables
-from schemas.layout import join_uri, partition
+from schemas.layout import PART_SUFFIX, join_uri, partition
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class WriteParquetBundles(beam.DoFn):
 
 def write_rows(folder: str, schema: pa.Schema, rows: list[dict[str, Any]], name: str | None = None) -> str:
     table = pa.Table.from_pylist(rows, schema=schema)
-    final = join_uri(folder, name or f"part-{uuid.uuid4().hex}.parquet")
+    final = join_uri(folder, name or f"part-{uuid.uuid4().hex}{PART_SUFFIX}")
     local = "://" not in folder or folder.startswith("file://")
     target = final + ".inprogress" if local else final
     buf = pa.BufferOutputStream()

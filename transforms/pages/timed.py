@@ -26,7 +26,6 @@ from apache_beam.metrics import Metrics
 
 from schemas.records import DocumentRecord, PageImage, PageRow
 from transforms.child_process import ChildWorker, _wait_s
-from transforms.child_process import child_env as child_env  # its earlier home: tests import it here
 from transforms.intake.reading import ObjectReader
 from transforms.pages.render import RenderPagesDoFn, RenderSettings, failed_page, render_document
 from transforms.pages.work import DocumentWork, PageStages, RenderFn

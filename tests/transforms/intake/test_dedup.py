@@ -1,4 +1,5 @@
-"""DedupDocuments on a small in-memory collection (the pure split_duplicates is tested in test_pages.py):
+"""DedupDocuments on a small in-memory collection (the pure split_duplicates is tested in
+tests/transforms/pages/test_render.py):
 one kept copy per sha256, every other copy a `duplicate` row naming it."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The inspection's seam: what a page counter raises becomes the reason code (the same rule in process and in the
 intake process), and a row that the counter returns (the intake process's timeout) is the document's row.
-The formats themselves are tested through real files in test_intake.py."""
+The formats themselves are tested through real files in test_accept.py."""
 from __future__ import annotations
 
 import hashlib

@@ -8,7 +8,7 @@ from dataclasses import replace
 import apache_beam as beam
 from apache_beam.testing.util import assert_that
 
-from tests.transforms.engines.test_engine_feed import ENGINE, config, page
+from tests.transforms.engines.test_feed import ENGINE, config, page
 from transforms.engines.simulated import simulated
 from transforms.model.extract import ExtractPages, make_task
 

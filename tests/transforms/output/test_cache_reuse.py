@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from schemas.records import DocumentRecord
-from tests.transforms.safety.test_safety import photo
+from tests.transforms.safety.test_gate import photo
 from transforms.output.cache import document_from_cache
 from transforms.safety.blocklist import load_blocklists, pdq_hash
 from transforms.safety.gate import BlocklistCheck, SafetyConfig

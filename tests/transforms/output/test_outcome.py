@@ -1,4 +1,5 @@
-"""DocumentOutcomes on small in-memory collections (the pure document_outcome is tested in test_pages.py):
+"""DocumentOutcomes on small in-memory collections (the pure document_outcome is tested in
+tests/transforms/pages/test_render.py):
 pages are tallied per document by a combiner and joined to their document, so every kept document gets
 exactly one row, also when none of its pages produced a row."""
 from __future__ import annotations

@@ -16,7 +16,7 @@ from PIL import Image
 from schemas.records import DocumentRecord, PageImage
 from tests import docmaker
 from tests.conftest import CORPUS
-from tests.transforms.safety.test_safety import encode, photo, write_list
+from tests.transforms.safety.test_gate import encode, photo, write_list
 from transforms.pages.render import RenderSettings, has_raster_image, render_document
 from transforms.safety.blocklist import usable_pdq
 from transforms.safety.gate import Checks, SafetyConfig, Verdict, holds_picture, load_checks, screen_page

@@ -13,8 +13,9 @@ import pytest
 
 from schemas.records import DocumentRecord, PageImage, PageRow
 from tests import docmaker
+from transforms.child_process import _wait_s, child_env
 from transforms.pages.render import RenderSettings, render_document
-from transforms.pages.timed import RenderLimits, RenderWorker, _wait_s, child_env, missing_pages
+from transforms.pages.timed import RenderLimits, RenderWorker, missing_pages
 
 SETTINGS = RenderSettings(dpi=72, max_side=640, jpeg_quality=80, max_text_chars=2000, max_page_points=14400,
                           max_image_pixels=89_478_485, max_bytes=50 * 2**20)

@@ -15,7 +15,7 @@ import pytest
 from pipelines import cli
 from schemas.records import DocumentRecord, PageImage, PageRow
 from tests import docmaker
-from tests.transforms.pages.test_render_worker import SETTINGS, first_page_then_hang
+from tests.transforms.pages.test_pages_timed import SETTINGS, first_page_then_hang
 from transforms.pages.ranges import MAX_RANGES, page_ranges
 from transforms.pages.render import render_document
 from transforms.pages.timed import RenderLimits, RenderWorker, range_limit_s
