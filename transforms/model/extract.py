@@ -18,7 +18,7 @@ import datetime as dt
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 import apache_beam as beam
@@ -63,8 +63,9 @@ class ExtractConfig:
     def decoding(self) -> DecodingParams:
         return DecodingParams(max_tokens=self.max_tokens)
 
-    @property
+    @cached_property
     def config_key(self) -> str:
+        # Read twice per page; computed once (cache_key.py keys dataclasses.fields only, never this cache).
         return config_key(self)
 
 
