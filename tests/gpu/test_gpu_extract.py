@@ -80,7 +80,7 @@ def extract_config(**changes: Any) -> ExtractConfig:
     values: dict[str, Any] = {
         "schema": load_schema("invoice"), "tenant": "gpu", "model": "tiny", "model_revision": "tiny",
         "render_key": "dpi=150;max_side=1288;jpeg=90", "model_family": "qwen2_vl", "max_model_len": 8192,
-        "max_tokens": 384, "max_attempts": 2, "max_hint_chars": 4000,
+        "max_tokens": 384, "max_attempts": 2,
         "gpu_hourly_usd": 2.5, "api_price": "gpt-4o", "prices": budget.load_prices(), **changes}
     # Only the fields ExtractConfig declares: model, model_revision and render_key are recent additions.
     declared = {f.name for f in dataclasses.fields(ExtractConfig)}

@@ -50,7 +50,6 @@ class ExtractConfig:
     max_model_len: int
     max_tokens: int
     max_attempts: int
-    max_hint_chars: int
     gpu_hourly_usd: float
     api_price: str
     prices: dict[str, Any]

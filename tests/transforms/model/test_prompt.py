@@ -87,7 +87,7 @@ def test_prompt_template_hash_follows_the_wording(monkeypatch: pytest.MonkeyPatc
 def extract_config(**changes: object) -> ExtractConfig:
     base = ExtractConfig(schema=load_schema("invoice"), tenant="acme", model="m", model_revision="r",
                          render_key="k", model_family="qwen2_vl", max_model_len=8192, max_tokens=384,
-                         max_attempts=2, max_hint_chars=2000, gpu_hourly_usd=2.5, api_price="gpt-4o", prices={})
+                         max_attempts=2, gpu_hourly_usd=2.5, api_price="gpt-4o", prices={})
     return replace(base, **changes)
 
 

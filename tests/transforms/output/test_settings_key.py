@@ -33,7 +33,7 @@ BASES: dict[type, Any] = {
     DecodingParams: DecodingParams(384),
     ExtractConfig: ExtractConfig(schema=load_schema("invoice"), tenant="acme", model="m", model_revision="r",
                                  render_key="k", model_family=rule_for("llava_next"), max_model_len=8192,
-                                 max_tokens=384, max_attempts=2, max_hint_chars=2000, gpu_hourly_usd=2.5,
+                                 max_tokens=384, max_attempts=2, gpu_hourly_usd=2.5,
                                  api_price="gpt-4o", prices={"providers": {}}, max_in_flight=4, route="model",
                                  markdown=MARKDOWN),
     ExtractionSchema: load_schema("invoice"),
