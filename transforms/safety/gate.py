@@ -36,7 +36,6 @@ from PIL import Image
 
 from schemas.records import DocumentRecord, DocumentRow, PageImage, PageRow
 from schemas.statuses import QUARANTINED
-from transforms.output.cache_key import settings_key
 from transforms.pages.sizes import resize_for_detail
 from transforms.pages.textlayer import PICTURE_MIN_COVERAGE
 from transforms.safety.blocklist import Blocklists, Match, load_blocklists, usable_pdq
@@ -80,10 +79,6 @@ class SafetyConfig:
         return replace(self, nsfw_classifier=classifier, checks=tuple(sorted(set(self.checks))),
                        nsfw_threshold=self.nsfw_threshold if classifier != "none" else 0.0)
 
-    def cache_key(self) -> str:
-        """The gate settings that a stored row cannot be re-checked against: the classifier and its
-        threshold, the extra checks and the low-detail side also checked, so part of the cache configuration."""
-        return settings_key(self)
 
 
 def match_verdict(match: Match, where: str) -> Verdict:

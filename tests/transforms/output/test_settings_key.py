@@ -95,10 +95,10 @@ def test_the_exclude_set_names_real_fields_with_reasons() -> None:
 
 
 def test_safety_key_form_makes_order_and_an_unused_threshold_irrelevant() -> None:
-    assert SafetyConfig(checks=("b:c", "a:b")).cache_key() == SafetyConfig(checks=("a:b", "b:c")).cache_key()
-    assert SafetyConfig(nsfw_threshold=0.1).cache_key() == SafetyConfig(nsfw_threshold=0.9).cache_key()
+    assert settings_key(SafetyConfig(checks=("b:c", "a:b"))) == settings_key(SafetyConfig(checks=("a:b", "b:c")))
+    assert settings_key(SafetyConfig(nsfw_threshold=0.1)) == settings_key(SafetyConfig(nsfw_threshold=0.9))
     with_classifier = SafetyConfig(nsfw_classifier="nudenet")
-    assert with_classifier.cache_key() != replace(with_classifier, nsfw_threshold=0.1).cache_key()
+    assert settings_key(with_classifier) != settings_key(replace(with_classifier, nsfw_threshold=0.1))
 
 
 def test_the_canonical_form_is_pinned() -> None:
