@@ -2,7 +2,7 @@
 
 The one place that turns PagemillOptions into the stages' settings objects: the graph builder
 (pipelines/graph.py), the run (pipelines/run.py) and the estimate take a RunSettings, never the options'
-fields one by one. The cache configuration key is derived from these objects (transforms/output/cache_key.py),
+fields one by one. The cache configuration key is derived from these objects (transforms/model/cache_key.py),
 so a new setting joins the key unless it is named in that module's EXCLUDE set.
 
 `option_checks` validates the options before a RunSettings can be built (a bad schema or model folder
@@ -18,8 +18,8 @@ from transforms.hints.choose import HintSettings
 from transforms.hints.ocr import OcrSettings
 from transforms.intake.inspection import IntakeLimits
 from transforms.intake.reading import ReadConfig
+from transforms.model.cache_key import settings_key
 from transforms.model.extract import ExtractConfig
-from transforms.output.cache_key import settings_key
 from transforms.output.write import FlushPolicy
 from transforms.pages.render import RenderSettings
 from transforms.pages.timed import RenderLimits

@@ -71,7 +71,7 @@ class SafetyConfig:
         return SafetyConfig(blocklists=self.blocklists, pdq_threshold=self.pdq_threshold)
 
     def key_form(self) -> SafetyConfig:
-        """The form the cache key holds (transforms/output/cache_key.py): the extra checks as a set (the first
+        """The form the cache key holds (transforms/model/cache_key.py): the extra checks as a set (the first
         verdict wins, so their order never lets a page through) and no threshold without a classifier.
         Blocklists and the PDQ threshold are excluded there: reused pages are re-checked against today's
         lists by their stored hashes."""

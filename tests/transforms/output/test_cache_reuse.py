@@ -1,7 +1,7 @@
 """The document-level result cache re-checks reused pages against today's blocklists (issue 16, item 1).
 
 Pure tests of `document_from_cache`; the safety part of the cache configuration is tested with the
-other settings (tests/transforms/output/test_settings_key.py); the pipeline test is
+other settings (tests/transforms/model/test_cache_key.py); the pipeline test is
 tests/pipelines/test_cache_safety.py.
 """
 from __future__ import annotations

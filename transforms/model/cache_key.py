@@ -4,7 +4,7 @@ Every field of a keyed settings dataclass is part of the key unless EXCLUDE name
 cannot change a page's answer. So a new setting joins the key by default (re-extracting once, never
 reusing a stale answer); leaving one out is a decision written down here. Nested dataclasses (the OCR
 settings inside the hint settings, the schema, the markdown format, the model's image-token rule) are
-keyed the same way. tests/transforms/output/test_settings_key.py checks that every field is either keyed (changing
+keyed the same way. tests/transforms/model/test_cache_key.py checks that every field is either keyed (changing
 it changes the key) or excluded.
 
 The serialisation is canonical JSON: each dataclass as {"ClassName": {field: value}} with sorted keys,

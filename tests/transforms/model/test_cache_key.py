@@ -1,4 +1,4 @@
-"""The cache configuration key is derived from the settings dataclasses (transforms/output/cache_key.py): every
+"""The cache configuration key is derived from the settings dataclasses (transforms/model/cache_key.py): every
 field of each keyed class is either in the key (changing it changes the key) or named in EXCLUDE (changing
 it does not). A field added to one of these classes fails here until it is one or the other."""
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pytest
 from schemas.extraction import ExtractionSchema, load_schema
 from transforms.hints.choose import HintSettings
 from transforms.hints.ocr import OcrSettings
+from transforms.model.cache_key import EXCLUDE, canonical, settings_key
 from transforms.model.extract import ExtractConfig
 from transforms.model.markdown import Field, MarkdownFormat, load_output
 from transforms.model.prompt import DecodingParams, config_key
 from transforms.model.token_math import ImageTokenRule, rule_for
-from transforms.output.cache_key import EXCLUDE, canonical, settings_key
 from transforms.pages.render import RenderSettings
 from transforms.safety.gate import SafetyConfig
 
@@ -82,7 +82,7 @@ def test_every_field_is_keyed_or_excluded(cls: type) -> None:
             assert key_of(other) == key, f"{cls.__name__}.{f.name} is excluded but changes the key"
         else:
             assert key_of(other) != key, (f"{cls.__name__}.{f.name} does not change the key: key it, or add it "
-                                          "to EXCLUDE in transforms/output/cache_key.py with the reason")
+                                          "to EXCLUDE in transforms/model/cache_key.py with the reason")
 
 
 def test_the_exclude_set_names_real_fields_with_reasons() -> None:
