@@ -55,14 +55,14 @@ class RunSettings:
 def run_settings(o: PagemillOptions) -> RunSettings:
     """The run's settings from its options; call it once the options are checked (pipelines/option_checks.py)
     and the run id is set (the machine engine's folder is named after it). Loads the schema and the prices."""
-    render, safety, hints = render_settings(o), safety_config(o), hint_settings(o)
+    render, safety, hints, engine = render_settings(o), safety_config(o), hint_settings(o), engine_settings(o)
     return RunSettings(
         inputs=tuple(o.input or ()), output=o.output, tenant=o.tenant, read=read_config(o),
         intake=IntakeLimits(max_bytes=o.max_bytes, max_pages=o.max_pages, max_image_pixels=o.max_image_pixels),
         limits=RenderLimits(document_timeout_s=o.document_timeout_s, page_timeout_s=o.page_timeout_s),
         render_range_pages=o.render_range_pages, render=render, safety=safety, hints=hints,
-        engine=engine_settings(o), endpoint=endpoint_settings(o) if o.engine == "openai" else None,
-        extract=extract_config(o, settings_key(render, safety, hints)) if o.extract else None,
+        engine=engine, endpoint=endpoint_settings(o) if o.engine == "openai" else None,
+        extract=extract_config(o, settings_key(render, safety, hints, engine)) if o.extract else None,
         flush=FlushPolicy(o.flush_rows, o.flush_seconds), progress_every_s=o.progress_every_s)
 
 
@@ -134,7 +134,7 @@ def model_route(o: PagemillOptions) -> str:
 
 
 def extract_config(o: PagemillOptions, render_key: str) -> ExtractConfig:
-    """`render_key`: the key of the settings before the model (render, gate, hints) that change a page."""
+    """`render_key`: the key of the render, gate, hints and engine settings that change a page."""
     from transforms.model.budget import load_prices
     from transforms.model.markdown import load_output
     from transforms.model.token_math import rule_for

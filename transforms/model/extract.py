@@ -45,7 +45,7 @@ class ExtractConfig:
     tenant: str
     model: str
     model_revision: str | None
-    render_key: str  # the key of the settings before the model (render, gate, hints): pipelines/settings.py
+    render_key: str  # the key of the render, gate, hints and engine settings: pipelines/settings.py
     model_family: Any  # a family name, or a transforms.model.token_math.ImageTokenRule (the model folder's settings)
     max_model_len: int
     max_tokens: int
