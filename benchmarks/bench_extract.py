@@ -46,7 +46,7 @@ from schemas.extraction import load_schema  # noqa: E402
 from schemas.records import DocumentRecord, ExtractionResult, ListedObject, PageImage, PageTask  # noqa: E402
 from transforms import budget  # noqa: E402
 from transforms.engines.feed import extract_all  # noqa: E402
-from transforms.engines.local import Engine, EngineSettings, is_cpu_platform, prepare_environment  # noqa: E402
+from transforms.engines.local import Engine, EngineSettings, is_cpu_platform  # noqa: E402
 from transforms.intake.inspection import IntakeLimits, inspect_document  # noqa: E402
 from transforms.model.extract import ExtractConfig, make_task, to_rows  # noqa: E402
 from transforms.pages.render import RenderSettings, render_document  # noqa: E402
@@ -239,7 +239,6 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
         warm = collect_tasks(render_pages(warm_docs, render), args.warmup, settings, cfg)
 
     t0 = time.perf_counter()
-    prepare_environment(settings)  # as the extract stage does before it makes its engine
     engine = TimedEngine(settings)
     engine.tokenizer()  # the engine starts lazily: start it here so start-up is timed on its own
     engine_start_s = time.perf_counter() - t0

@@ -61,9 +61,8 @@ def gpu_settings(test_model_dir: Path) -> EngineSettings:
 
 @pytest.fixture(scope="module")
 def gpu_engine(gpu_settings: EngineSettings) -> Iterator[Engine]:
-    from transforms.engines.local import Engine, prepare_environment
+    from transforms.engines.local import Engine
 
-    prepare_environment(gpu_settings)
     engine = Engine(gpu_settings)
     yield engine
     # Stop the engine-core process now, so the GPU memory is free for the tests that follow.
