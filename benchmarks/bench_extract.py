@@ -46,7 +46,7 @@ from schemas.extraction import load_schema  # noqa: E402
 from schemas.records import DocumentRecord, ExtractionResult, ListedObject, PageImage, PageTask  # noqa: E402
 from transforms.model import budget  # noqa: E402
 from transforms.engines.feed import extract_all  # noqa: E402
-from transforms.engines.local import Engine, EngineSettings, is_cpu_platform, prepare_environment  # noqa: E402
+from transforms.engines.local import Engine, EngineSettings, is_cpu_platform  # noqa: E402
 from transforms.intake.inspection import IntakeLimits, inspect_document  # noqa: E402
 from transforms.model.extract import ExtractConfig, make_task, to_rows  # noqa: E402
 from transforms.pages.render import RenderSettings, render_document  # noqa: E402
@@ -106,7 +106,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=512, help="output token cap per page")
     p.add_argument("--max-attempts", type=int, default=2)
     p.add_argument("--max-model-len", type=int, default=8192)
-    p.add_argument("--max-hint-chars", type=int, default=4000)
     p.add_argument("--max-in-flight", type=int, default=None,
                    help="pages in flight at once; default twice max_num_seqs (the pipeline's default)")
     p.add_argument("--warmup", type=int, default=1, help="pages extracted before timing (not counted)")
@@ -219,7 +218,7 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
                          model_revision=settings.model_revision,
                          render_key=f"dpi={args.dpi};max_side={args.max_side};jpeg=90",
                          model_family=args.model_family, max_model_len=args.max_model_len, max_tokens=args.max_tokens,
-                         max_attempts=args.max_attempts, max_hint_chars=args.max_hint_chars,
+                         max_attempts=args.max_attempts,
                          gpu_hourly_usd=args.gpu_hourly_usd, api_price=args.api_price, prices=budget.load_prices())
     render = RenderSettings(dpi=args.dpi, max_side=args.max_side, jpeg_quality=90, max_text_chars=20_000,
                             max_page_points=14_400.0, max_image_pixels=LIMITS.max_image_pixels, max_bytes=MAX_BYTES)
@@ -240,7 +239,6 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
         warm = collect_tasks(render_pages(warm_docs, render), args.warmup, settings, cfg)
 
     t0 = time.perf_counter()
-    prepare_environment(settings)  # as the extract stage does before it makes its engine
     engine = TimedEngine(settings)
     engine.tokenizer()  # the engine starts lazily: start it here so start-up is timed on its own
     engine_start_s = time.perf_counter() - t0

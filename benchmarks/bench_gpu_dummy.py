@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     from vllm import SamplingParams
 
     from schemas.extraction import load_schema
-    from transforms.engines.local import Engine, EngineSettings, prepare_environment
+    from transforms.engines.local import Engine, EngineSettings
     from transforms.model.prompt import chat_messages
 
     class DummyEngine(Engine):
@@ -123,7 +123,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
                                   max_num_seqs=args.max_num_seqs, gpu_memory_utilization=0.9,
                                   tensor_parallel_size=1, limit_mm_per_prompt=1, kv_cache_gib=None,
                                   enforce_eager=False)
-        prepare_environment(settings)  # as the extract stage does before it makes its engine
         engine = DummyEngine(settings)
         t0 = time.perf_counter()
         tok = engine.tokenizer()

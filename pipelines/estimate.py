@@ -30,7 +30,7 @@ from pipelines.estimate_scan import (
 )
 from pipelines.option_checks import epoch
 from pipelines.options import PagemillOptions
-from pipelines.settings import run_settings
+from pipelines.settings import model_route, run_settings
 from pipelines.storage import StorageConfig
 from schemas.extraction import ExtractionSchema
 from schemas.records import API_ROUTE_PREFIX
@@ -259,12 +259,10 @@ def hosted_prices(to_model: Sequence[PagePlan], tokens: dict[str, int], prices: 
     return hosted
 
 
-def route_cost(o: PagemillOptions, self_hosted_usd: float, hosted: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """What this run's route would cost (the ledger's `route` of its model pages): the in-process engine or a
+def route_cost(o: PagemillOptions, route: str, self_hosted_usd: float,
+               hosted: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What this run's `route` would cost (the ledger's `route` of its model pages): the in-process engine or a
     served endpoint at --gpu-hourly-usd, or a hosted API (--endpoint-kind hosted) at --api-price's list price."""
-    from pipelines.settings import model_route
-
-    route = model_route(o)
     if route.startswith(API_ROUTE_PREFIX):
         found = [h for h in hosted if h["provider"] == route.removeprefix(API_ROUTE_PREFIX)]
         usd = found[0]["usd"] if found else 0.0
@@ -282,14 +280,17 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
              per_page: bool = False, sample_pages: int = 200, sample_seed: int = 0) -> dict[str, Any]:
     """The whole estimate as one JSON-ready dict."""
     t0 = time.perf_counter()
-    schema, markdown = load_output(o.schema)
-    rule = rule_for(o.model_family, o.model)
+    run = run_settings(o)  # the run's own settings (one home: pipelines/settings.py)
+    if run.extract is not None:  # what the run would use, loaded once there
+        schema, markdown, rule = run.extract.schema, run.extract.markdown, run.extract.model_family
+        prices, route = run.extract.prices, run.extract.route
+    else:  # --extract false: what a run that extracts would use
+        schema, markdown = load_output(o.schema)
+        rule, prices, route = rule_for(o.model_family, o.model), budget.load_prices(), model_route(o)
     throughput = load_throughput(o.model, pages_per_second)
-    prices = budget.load_prices()
     t_setup = time.perf_counter()  # the schema check imports the grammar compiler: seconds, once
     objects = list_matching(o.input, epoch(o.modified_since), epoch(o.modified_until))
     t_list = time.perf_counter()
-    run = run_settings(o)  # the run's own settings (one home: pipelines/settings.py)
     settings = ScanSettings(run.intake, run.render.dpi, run.render.max_side, run.render.max_page_points,
                             run.render.max_text_chars, read_text, run.read)
     scanned = scan(objects, settings, workers)
@@ -342,7 +343,7 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
         "self_hosted": {"pages_per_s": throughput.pages_per_s, "throughput_source": throughput.source,
                         "gpu_hours": gpu_hours, "gpu_hourly_usd": o.gpu_hourly_usd, "usd": usd,
                         "usd_per_1k_pages": 1000 * usd / len(to_model) if to_model else 0.0},
-        "hosted": hosted, "route": route_cost(o, usd, hosted), "prices_read_on": prices.get("read_on"),
+        "hosted": hosted, "route": route_cost(o, route, usd, hosted), "prices_read_on": prices.get("read_on"),
         "assumptions": assumptions,
         "timing": {"setup_s": round(t_setup - t0, 3), "list_s": round(t_list - t_setup, 3),
                    "scan_s": round(t_scan - t_list, 3), "render_s": round(t_render - t_prompt, 3),

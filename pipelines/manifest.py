@@ -118,15 +118,15 @@ def manifest_options(options: Any) -> dict[str, Any]:
     """The options a manifest records: every pagemill option (PagemillOptions, defaults included), and the
     Beam options this run set to something other than their default (its runner, workers, job name: given on
     the command line, in the job file, or by pagemill itself for a local run). Not Beam's other 150-odd
-    defaults (Dataflow, Flink, Kafka...), and never a storage credential."""
+    defaults (Dataflow, Flink, Kafka...), and never a credential (pipelines/storage.py CREDENTIAL_OPTIONS)."""
     from pipelines.options import own_option_names
-    from pipelines.storage import SECRET_OPTIONS
+    from pipelines.storage import CREDENTIAL_OPTIONS
 
     own = own_option_names()
+    every = options.get_all_options(drop_default=False)
     given = options.get_all_options(drop_default=True)
-    found = {k: v for k, v in options.get_all_options(drop_default=False).items() if k in own}
-    found.update({k: v for k, v in given.items() if k not in own})
-    return {k: v for k, v in sorted(found.items()) if k not in SECRET_OPTIONS}
+    return {k: v for k, v in sorted(every.items())
+            if (k in own or k in given) and k not in CREDENTIAL_OPTIONS}
 
 
 def write_manifest(output: str, run_id: str, manifest: Mapping[str, Any]) -> str:

@@ -2,7 +2,7 @@
 
 The one place that turns PagemillOptions into the stages' settings objects: the graph builder
 (pipelines/graph.py), the run (pipelines/run.py) and the estimate take a RunSettings, never the options'
-fields one by one. The cache configuration key is derived from these objects (transforms/output/cache_key.py),
+fields one by one. The cache configuration key is derived from these objects (transforms/model/cache_key.py),
 so a new setting joins the key unless it is named in that module's EXCLUDE set.
 
 `option_checks` validates the options before a RunSettings can be built (a bad schema or model folder
@@ -18,8 +18,8 @@ from transforms.hints.choose import HintSettings
 from transforms.hints.ocr import OcrSettings
 from transforms.intake.inspection import IntakeLimits
 from transforms.intake.reading import ReadConfig
+from transforms.model.cache_key import settings_key
 from transforms.model.extract import ExtractConfig
-from transforms.output.cache_key import settings_key
 from transforms.output.write import FlushPolicy
 from transforms.pages.render import RenderSettings
 from transforms.pages.timed import RenderLimits
@@ -55,14 +55,14 @@ class RunSettings:
 def run_settings(o: PagemillOptions) -> RunSettings:
     """The run's settings from its options; call it once the options are checked (pipelines/option_checks.py)
     and the run id is set (the machine engine's folder is named after it). Loads the schema and the prices."""
-    render, safety, hints = render_settings(o), safety_config(o), hint_settings(o)
+    render, safety, hints, engine = render_settings(o), safety_config(o), hint_settings(o), engine_settings(o)
     return RunSettings(
         inputs=tuple(o.input or ()), output=o.output, tenant=o.tenant, read=read_config(o),
         intake=IntakeLimits(max_bytes=o.max_bytes, max_pages=o.max_pages, max_image_pixels=o.max_image_pixels),
         limits=RenderLimits(document_timeout_s=o.document_timeout_s, page_timeout_s=o.page_timeout_s),
         render_range_pages=o.render_range_pages, render=render, safety=safety, hints=hints,
-        engine=engine_settings(o), endpoint=endpoint_settings(o) if o.engine == "openai" else None,
-        extract=extract_config(o, settings_key(render, safety, hints)) if o.extract else None,
+        engine=engine, endpoint=endpoint_settings(o) if o.engine == "openai" else None,
+        extract=extract_config(o, settings_key(render, safety, hints, engine)) if o.extract else None,
         flush=FlushPolicy(o.flush_rows, o.flush_seconds), progress_every_s=o.progress_every_s)
 
 
@@ -134,7 +134,7 @@ def model_route(o: PagemillOptions) -> str:
 
 
 def extract_config(o: PagemillOptions, render_key: str) -> ExtractConfig:
-    """`render_key`: the key of the settings before the model (render, gate, hints) that change a page."""
+    """`render_key`: the key of the render, gate, hints and engine settings that change a page."""
     from transforms.model.budget import load_prices
     from transforms.model.markdown import load_output
     from transforms.model.token_math import rule_for
@@ -146,6 +146,6 @@ def extract_config(o: PagemillOptions, render_key: str) -> ExtractConfig:
                          model_revision=o.model_revision, render_key=render_key,
                          model_family=rule_for(o.model_family, o.model),
                          max_model_len=o.max_model_len, max_tokens=o.max_tokens, max_attempts=o.max_attempts,
-                         max_hint_chars=o.max_hint_chars, max_in_flight=in_flight,
+                         max_in_flight=in_flight,
                          gpu_hourly_usd=o.gpu_hourly_usd, api_price=o.api_price, prices=load_prices(),
                          route=model_route(o))

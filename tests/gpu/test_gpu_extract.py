@@ -61,9 +61,8 @@ def gpu_settings(test_model_dir: Path) -> EngineSettings:
 
 @pytest.fixture(scope="module")
 def gpu_engine(gpu_settings: EngineSettings) -> Iterator[Engine]:
-    from transforms.engines.local import Engine, prepare_environment
+    from transforms.engines.local import Engine
 
-    prepare_environment(gpu_settings)
     engine = Engine(gpu_settings)
     yield engine
     # Stop the engine-core process now, so the GPU memory is free for the tests that follow.
@@ -80,7 +79,7 @@ def extract_config(**changes: Any) -> ExtractConfig:
     values: dict[str, Any] = {
         "schema": load_schema("invoice"), "tenant": "gpu", "model": "tiny", "model_revision": "tiny",
         "render_key": "dpi=150;max_side=1288;jpeg=90", "model_family": "qwen2_vl", "max_model_len": 8192,
-        "max_tokens": 384, "max_attempts": 2, "max_hint_chars": 4000,
+        "max_tokens": 384, "max_attempts": 2,
         "gpu_hourly_usd": 2.5, "api_price": "gpt-4o", "prices": budget.load_prices(), **changes}
     # Only the fields ExtractConfig declares: model, model_revision and render_key are recent additions.
     declared = {f.name for f in dataclasses.fields(ExtractConfig)}

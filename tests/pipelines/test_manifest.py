@@ -1,5 +1,5 @@
 """The manifest's options (pipelines/manifest.py manifest_options): pagemill's own options and the Beam
-flags given, never Beam's other defaults nor a storage credential."""
+flags given, never Beam's other defaults nor a credential."""
 from __future__ import annotations
 
 from pipelines.manifest import manifest_options
@@ -10,7 +10,8 @@ SECRET = "pagemill-test-secret-manifest"
 
 def test_pagemill_options_and_the_beam_flags_given_only() -> None:
     options = PagemillOptions(["--input", "in/", "--output", "out/", "--dpi", "200", "--direct_num_workers", "3",
-                               "--job_name", "nightly", "--s3_secret_access_key", SECRET])
+                               "--job_name", "nightly", "--s3_secret_access_key", SECRET,
+                               f"--azure_connection_string=AccountName=a;AccountKey={SECRET}-azure"])
     recorded = manifest_options(options)
     assert len(recorded) <= 80, sorted(recorded)
     assert own_option_names() <= set(recorded)  # every pagemill option, defaults included
@@ -18,5 +19,6 @@ def test_pagemill_options_and_the_beam_flags_given_only() -> None:
     # Beam defaults that this run did not set: a Dataflow endpoint, a Flink master, the runner.
     assert not {"dataflow_endpoint", "flink_master", "runner", "direct_running_mode"} & set(recorded)
     assert SECRET not in repr(recorded) and "s3_secret_access_key" not in recorded
+    assert "azure_connection_string" not in recorded  # it carries the storage account's key
     # Beam has far more options than the manifest records.
     assert len(options.get_all_options(drop_default=False)) > 2 * len(recorded)

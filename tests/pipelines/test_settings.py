@@ -37,6 +37,15 @@ def test_options_that_change_an_answer_change_the_key(flags: tuple[str, ...]) ->
 @pytest.mark.parametrize("flags", [
     ("--max-bytes", "1000"), ("--max-attempts", "5"), ("--ocr-timeout-s", "3"), ("--gpu-hourly-usd", "9"),
     ("--document-timeout-s", "0"), ("--flush-rows", "1"), ("--pdq-threshold", "5"), ("--max-num-seqs", "3"),
+    ("--gpu-memory-utilization", "0.5"), ("--tensor-parallel-size", "2"), ("--limit-mm-per-prompt", "2"),
+    ("--kv-cache-gib", "4"), ("--enforce-eager", "true"), ("--engine-in-process", "false"),
 ])
 def test_options_that_only_pace_or_price_the_run_keep_the_key(flags: tuple[str, ...]) -> None:
     assert settings(*flags).extract.config_key == settings().extract.config_key
+
+
+def test_two_runs_of_one_job_on_a_machine_engine_share_the_key() -> None:
+    """The machine engine's folder holds the run id: the key must not, or no run would reuse another's rows."""
+    first, second = (settings("--engine-service", "machine", "--run_id", run) for run in ("run-1", "run-2"))
+    assert first.engine.service_dir != second.engine.service_dir
+    assert first.extract.config_key == second.extract.config_key

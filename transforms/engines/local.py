@@ -80,9 +80,9 @@ def engine_environment(s: EngineSettings, cpu: bool, environ: Mapping[str, str])
 
 
 def prepare_environment(s: EngineSettings) -> dict[str, str]:
-    """Set engine_environment in this process, once, before its engine is made: by the extract stage's
-    setup (transforms/model/extract.py) for an engine per worker process, by the engine service at its start
-    (transforms/engines/machine.py) for one per machine, by a test or benchmark that makes an Engine itself.
+    """Set engine_environment in this process, once, before its engine is made: by Engine's constructor,
+    which runs in the extract stage's setup (an engine per worker process) or at the engine service's start
+    (one per machine, transforms/engines/machine.py), before any engine exists.
     Telling a CPU (vllm.platforms) imports neither the hub client nor the engine, so all still take effect.
     Returns what it set."""
     env = engine_environment(s, is_cpu_platform(), os.environ)
@@ -187,6 +187,9 @@ class Engine:
     submit; only the loop thread touches the engine between starts."""
 
     def __init__(self, settings: EngineSettings) -> None:
+        # vLLM reads these only from the environment: set once here, before the engine exists (it starts on
+        # first use), so never mid-run. The constructor runs in the stage's setup or the service's start.
+        prepare_environment(settings)
         self.settings = settings
         # Re-entrant: a start or restart from a thread that already holds it must not deadlock; one
         # thread starts the engine while the others wait, instead of each building its own.
@@ -233,10 +236,6 @@ class Engine:
         import vllm
 
         cpu = is_cpu_platform()
-        unset = engine_environment(self.settings, cpu, os.environ)
-        if unset:  # read only from the environment: it must be there before the engine exists, not set now
-            raise RuntimeError(f"the engine's environment is not prepared ({', '.join(sorted(unset))}): "
-                               "call transforms.engines.local.prepare_environment(settings) before the engine is made")
         fix_mmap_threshold()  # large per-page buffers go back to the system when freed (transforms/engines/heap.py)
         t0 = time.perf_counter()
         self.llm = vllm.LLM(**self.llm_kwargs(cpu))

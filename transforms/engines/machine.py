@@ -42,7 +42,6 @@ from transforms.engines.local import (
     EngineSettings,
     Sample,
     image_token_id_of,
-    prepare_environment,
 )
 
 log = logging.getLogger(__name__)
@@ -72,7 +71,6 @@ class _CountingEngine(Engine):
 def serve(directory: Path) -> None:
     """The engine service's main loop: accept workers until none is left."""
     settings = replace_service(EngineSettings(**json.loads((directory / "settings.json").read_text())))
-    prepare_environment(settings)  # this process holds the engine: its environment first, before the engine
     engine = _CountingEngine(settings, directory)
     listener = Listener(str(directory / "engine.sock"), family="AF_UNIX",
                         authkey=(directory / "authkey").read_bytes())

@@ -18,7 +18,7 @@ import datetime as dt
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from functools import partial
+from functools import cached_property
 from typing import Any
 
 import apache_beam as beam
@@ -28,7 +28,7 @@ from apache_beam.utils import shared
 from schemas.extraction import ExtractionSchema
 from schemas.records import API_ROUTE_PREFIX, ExtractionResult, PageImage, PageRow, PageTask
 from schemas.statuses import DUPLICATE, OK
-from transforms.engines.local import CPU_MAX_NUM_SEQS, Engine, EngineSettings, PageEngine, prepare_environment
+from transforms.engines.local import CPU_MAX_NUM_SEQS, Engine, EngineSettings, PageEngine
 from transforms.model import budget
 from transforms.model.markdown import MarkdownFormat, front_matter_columns
 from transforms.model.postfilter import OutputFlags, markdown_flags, output_flags
@@ -45,12 +45,11 @@ class ExtractConfig:
     tenant: str
     model: str
     model_revision: str | None
-    render_key: str  # the key of the settings before the model (render, gate, hints): pipelines/settings.py
+    render_key: str  # the key of the render, gate, hints and engine settings: pipelines/settings.py
     model_family: Any  # a family name, or a transforms.model.token_math.ImageTokenRule (the model folder's settings)
     max_model_len: int
     max_tokens: int
     max_attempts: int
-    max_hint_chars: int
     gpu_hourly_usd: float
     api_price: str
     prices: dict[str, Any]
@@ -63,8 +62,9 @@ class ExtractConfig:
     def decoding(self) -> DecodingParams:
         return DecodingParams(max_tokens=self.max_tokens)
 
-    @property
+    @cached_property
     def config_key(self) -> str:
+        # Read twice per page; computed once (cache_key.py keys dataclasses.fields only, never this cache).
         return config_key(self)
 
 
@@ -171,9 +171,6 @@ class StreamExtractDoFn(beam.DoFn):
         from transforms.engines.feed import PageFeed
 
         def build() -> PageFeed:
-            if makes_vllm_engine(self.engine_factory):
-                # A vLLM engine in this process: its environment is set here, before it exists (not mid-run).
-                prepare_environment(self.engine)
             engine = self.engine_factory(self.engine)
             cpu = _is_cpu() if hasattr(engine, "settings") else False  # vLLM, here or remote
             return PageFeed(engine, self.cfg, in_flight_limit(self.cfg, self.engine, cpu))
@@ -232,13 +229,6 @@ class StreamExtractDoFn(beam.DoFn):
             p.result.result()  # every claimed page ends with a result (transforms.engines.feed's promise)
             for row in self._rows(p):
                 yield GlobalWindows.windowed_value(row)
-
-
-def makes_vllm_engine(factory: Any) -> bool:
-    """Whether `factory` (a class, or a functools.partial of one) makes a vLLM Engine in this process."""
-    while isinstance(factory, partial):
-        factory = factory.func
-    return isinstance(factory, type) and issubclass(factory, Engine)
 
 
 def _is_cpu() -> bool:

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from transforms.output.cache_key import settings_key
+from transforms.model.cache_key import settings_key
 from transforms.safety.injection import CONTROL_TOKEN, FENCE_MARKER, normalise
 
 SYSTEM_PROMPT = (
@@ -114,7 +114,7 @@ def config_key(cfg: Any) -> str:
     the ExtractConfig: every field of it that can change an answer (model, revision, schema, tenant,
     max_model_len, the image-token rule, markdown format, and `render_key`, the key of the render, gate and
     hint settings), its decoding parameters and the prompt template. Derived from the dataclasses, not
-    listed here (transforms/output/cache_key.py says which fields are left out, and why). Tenants never share a key."""
+    listed here (transforms/model/cache_key.py says which fields are left out, and why). Tenants never share a key."""
     return settings_key(prompt_template_hash(), cfg.decoding, cfg)
 
 

@@ -15,7 +15,7 @@ Safety before reuse (the rule): the cache never vouches for a page that today's 
   page-level cache after the gate still spares the model). Lists change daily; re-checking by hash
   keeps the cache without trusting it.
 - The classifier, its threshold and the extra `--safety-check`s cannot be re-checked from a row, so
-  they are part of the cache configuration (`SafetyConfig.cache_key`, transforms/safety/gate.py): changing any of
+  they are part of the cache configuration (`SafetyConfig.key_form`, transforms/safety/gate.py): changing any of
   them makes every page go through the gate (and the model) again.
 - The page-level cache runs after the gate, so a page it reuses has passed today's gate.
 The document lookup is a Beam join (CoGroupByKey), so it scales with the runner, not with driver

@@ -36,7 +36,6 @@ from PIL import Image
 
 from schemas.records import DocumentRecord, DocumentRow, PageImage, PageRow
 from schemas.statuses import QUARANTINED
-from transforms.output.cache_key import settings_key
 from transforms.pages.sizes import resize_for_detail
 from transforms.pages.textlayer import PICTURE_MIN_COVERAGE
 from transforms.safety.blocklist import Blocklists, Match, load_blocklists, usable_pdq
@@ -72,7 +71,7 @@ class SafetyConfig:
         return SafetyConfig(blocklists=self.blocklists, pdq_threshold=self.pdq_threshold)
 
     def key_form(self) -> SafetyConfig:
-        """The form the cache key holds (transforms/output/cache_key.py): the extra checks as a set (the first
+        """The form the cache key holds (transforms/model/cache_key.py): the extra checks as a set (the first
         verdict wins, so their order never lets a page through) and no threshold without a classifier.
         Blocklists and the PDQ threshold are excluded there: reused pages are re-checked against today's
         lists by their stored hashes."""
@@ -80,10 +79,6 @@ class SafetyConfig:
         return replace(self, nsfw_classifier=classifier, checks=tuple(sorted(set(self.checks))),
                        nsfw_threshold=self.nsfw_threshold if classifier != "none" else 0.0)
 
-    def cache_key(self) -> str:
-        """The gate settings that a stored row cannot be re-checked against: the classifier and its
-        threshold, the extra checks and the low-detail side also checked, so part of the cache configuration."""
-        return settings_key(self)
 
 
 def match_verdict(match: Match, where: str) -> Verdict:

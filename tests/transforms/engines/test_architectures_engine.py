@@ -14,7 +14,7 @@ from tests import docmaker
 from tests.conftest import vllm_available
 from tests.transforms.model.test_extract import config, odd_page, pages_of, tasks_for
 from transforms.engines.feed import extract_all
-from transforms.engines.local import Engine, EngineSettings, prepare_environment
+from transforms.engines.local import Engine, EngineSettings
 from transforms.model.markdown import MARKDOWN_FORMATS
 from transforms.model.token_math import rule_for
 
@@ -31,7 +31,6 @@ def model(request: pytest.FixtureRequest,
     settings = EngineSettings(model=str(folder), model_revision="test", max_model_len=8192, max_num_seqs=8,
                               gpu_memory_utilization=0.9, tensor_parallel_size=1, limit_mm_per_prompt=1,
                               kv_cache_gib=0.25, enforce_eager=True)
-    prepare_environment(settings)
     engine = Engine(settings)
     yield engine, settings, folder
     engine.shutdown()

@@ -1,7 +1,8 @@
 """The engine's environment (transforms/engines/local.py engine_environment): explicit, computed from the settings,
-set once before the engine exists; an engine that finds it unset refuses to start rather than set it mid-run."""
+set once by the engine's constructor, before the engine exists (it starts on first use), never mid-run."""
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,11 +36,14 @@ def test_onednn_cache_on_a_cpu_and_offline_hub_for_a_folder_unless_set(tmp_path:
     assert engine_environment(local, cpu=True, environ=caller) == {}  # the caller's values stay; nothing to set
 
 
-def test_an_engine_whose_environment_is_unset_refuses_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_making_an_engine_sets_its_environment_before_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("vllm")
     from transforms.engines.local import is_cpu_platform
 
     wrong = "1" if is_cpu_platform() else "0"  # the opposite of what the default settings need
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", wrong)
-    with pytest.raises(RuntimeError, match="prepare_environment"):
-        Engine(SETTINGS).start()
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)  # so that what the engine sets is undone
+    engine = Engine(SETTINGS)
+    assert engine.llm is None  # not started: the environment is set before the engine exists
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != wrong
+    assert engine_environment(SETTINGS, is_cpu_platform(), os.environ) == {}

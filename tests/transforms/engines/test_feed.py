@@ -24,7 +24,7 @@ ENGINE = EngineSettings(model="m", model_revision="r", max_model_len=8192, max_n
 def config(**changes: object) -> ExtractConfig:
     base = ExtractConfig(schema=load_schema("page_text"), tenant="t", model="m", model_revision="r", render_key="k",
                          model_family="qwen2_vl", max_model_len=8192, max_tokens=256, max_attempts=2,
-                         max_hint_chars=4000, gpu_hourly_usd=2.5, api_price="gpt-4o", prices=budget.load_prices())
+                         gpu_hourly_usd=2.5, api_price="gpt-4o", prices=budget.load_prices())
     return replace(base, **changes)
 
 

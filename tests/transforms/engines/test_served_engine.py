@@ -48,7 +48,7 @@ FAST = dict(backoff_s=0.05, max_backoff_s=0.2)
 def config(**changes: Any) -> ExtractConfig:
     base = ExtractConfig(schema=SCHEMA, tenant="t1", model="tiny", model_revision="test", render_key="r",
                          model_family="qwen2_vl", max_model_len=8192, max_tokens=256, max_attempts=2,
-                         max_hint_chars=2000, gpu_hourly_usd=2.5, api_price="gpt-4o", prices=budget.load_prices(),
+                         gpu_hourly_usd=2.5, api_price="gpt-4o", prices=budget.load_prices(),
                          route="served")
     return replace(base, **changes)
 

@@ -28,7 +28,7 @@ SETTINGS = RenderSettings(dpi=100, max_side=1000, jpeg_quality=85, max_text_char
 def config(**changes: object) -> ExtractConfig:
     base = ExtractConfig(schema=load_schema("invoice"), tenant="t1", model="tiny", model_revision="test",
                          render_key="dpi=100", model_family="qwen2_vl", max_model_len=8192,
-                         max_tokens=384, max_attempts=2, max_hint_chars=2000,
+                         max_tokens=384, max_attempts=2,
                          gpu_hourly_usd=2.5, api_price="gpt-4o", prices=budget.load_prices())
     return replace(base, **changes)
 

@@ -81,7 +81,7 @@ def test_cache_configuration_differs_by_output() -> None:
         schema, markdown = load_output(name)
         cfg = ExtractConfig(schema=schema, markdown=markdown, tenant="t", model="m", model_revision=None,
                             render_key="r", model_family="qwen2_vl", max_model_len=8192, max_tokens=256,
-                            max_attempts=1, max_hint_chars=100, gpu_hourly_usd=0.0, api_price="gpt-4o", prices={})
+                            max_attempts=1, gpu_hourly_usd=0.0, api_price="gpt-4o", prices={})
         keys.add(config_key(cfg))
     assert len(keys) == 3
     assert json.loads(json.dumps(OLMOCR.schema.schema))["required"][0] == "primary_language"

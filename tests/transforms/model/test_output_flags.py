@@ -78,7 +78,7 @@ def test_checksums() -> None:
 def config() -> ExtractConfig:
     return ExtractConfig(schema=load_schema("invoice"), tenant="t", model="m", model_revision="r", render_key="k",
                          model_family="qwen2_vl", max_model_len=8192, max_tokens=256, max_attempts=1,
-                         max_hint_chars=4000, gpu_hourly_usd=2.5, api_price="gpt-4o",
+                         gpu_hourly_usd=2.5, api_price="gpt-4o",
                          prices=budget.load_prices())
 
 

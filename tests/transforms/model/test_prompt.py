@@ -1,5 +1,5 @@
 """The prompt and the cache key (transforms/model/prompt.py): the hint is capped and fenced, and every part of
-the configuration changes the key (each field: tests/transforms/output/test_settings_key.py)."""
+the configuration changes the key (each field: tests/transforms/model/test_cache_key.py)."""
 from __future__ import annotations
 
 import hashlib
@@ -11,6 +11,7 @@ import pytest
 
 from schemas.extraction import load_schema
 from transforms.model import prompt
+from transforms.model.cache_key import canonical, settings_key
 from transforms.model.extract import ExtractConfig
 from transforms.model.prompt import (
     HINT_OPEN,
@@ -23,7 +24,6 @@ from transforms.model.prompt import (
     prompt_template_hash,
     user_text,
 )
-from transforms.output.cache_key import canonical, settings_key
 
 SCHEMA = {"type": "object", "properties": {"total": {"type": "number"}}, "required": ["total"]}
 
@@ -87,13 +87,13 @@ def test_prompt_template_hash_follows_the_wording(monkeypatch: pytest.MonkeyPatc
 def extract_config(**changes: object) -> ExtractConfig:
     base = ExtractConfig(schema=load_schema("invoice"), tenant="acme", model="m", model_revision="r",
                          render_key="k", model_family="qwen2_vl", max_model_len=8192, max_tokens=384,
-                         max_attempts=2, max_hint_chars=2000, gpu_hourly_usd=2.5, api_price="gpt-4o", prices={})
+                         max_attempts=2, gpu_hourly_usd=2.5, api_price="gpt-4o", prices={})
     return replace(base, **changes)
 
 
 def test_the_configuration_key_covers_prompt_decoding_and_the_extract_settings(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every field is covered by tests/transforms/output/test_settings_key.py; here the parts outside ExtractConfig's
+    """Every field is covered by tests/transforms/model/test_cache_key.py; here the parts outside ExtractConfig's
     fields: the prompt template and the decoding parameters."""
     base = config_key(extract_config())
     assert len(base) == 64 and base == config_key(extract_config())
@@ -120,7 +120,7 @@ def test_keys_are_stable_across_releases() -> None:
     """A key that changes silently orphans every cache entry ever written, so the composition is pinned:
     change it only with a deliberate change of the key (and say so in docs/extraction.md). The configuration
     key is the settings key of the template hash, the decoding parameters and the ExtractConfig (whose
-    canonical form tests/transforms/output/test_settings_key.py pins); a page's key is sha256 of its parts joined by
+    canonical form tests/transforms/model/test_cache_key.py pins); a page's key is sha256 of its parts joined by
     the unit separator, the hint by its sha256."""
     cfg = config_key(extract_config())
     assert cfg == settings_key(prompt_template_hash(), DecodingParams(384), extract_config())

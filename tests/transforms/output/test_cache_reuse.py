@@ -1,7 +1,8 @@
 """The document-level result cache re-checks reused pages against today's blocklists (issue 16, item 1).
 
-Pure tests of `document_from_cache` and of the safety part of the cache configuration; the pipeline
-test is tests/pipelines/test_cache_safety.py.
+Pure tests of `document_from_cache`; the safety part of the cache configuration is tested with the
+other settings (tests/transforms/model/test_cache_key.py); the pipeline test is
+tests/pipelines/test_cache_safety.py.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from schemas.records import DocumentRecord
 from tests.transforms.safety.test_gate import photo
 from transforms.output.cache import document_from_cache
 from transforms.safety.blocklist import load_blocklists, pdq_hash
-from transforms.safety.gate import BlocklistCheck, SafetyConfig
+from transforms.safety.gate import BlocklistCheck
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 DOC = DocumentRecord(uri="/in/a.pdf", size=10, doc_sha256="d" * 64, format="pdf", page_count=2)
@@ -74,19 +75,3 @@ def test_a_row_carrying_its_pdq_is_preferred_and_copied(tmp_path: Any) -> None:
     out = document_from_cache(DOC, rows, lists(tmp_path, f"pdq:{'0' * 64}\n"))
     assert out is not None and [r.status for r in out] == ["cached", "cached"]
     assert [r.pdq_hash for r in out] == ["a" * 64, "b" * 64]  # so the next run can re-check these copies
-
-
-def test_safety_cache_key_changes_with_what_rows_cannot_recheck() -> None:
-    base = SafetyConfig(blocklists=("a.txt",), nsfw_classifier="nudenet", nsfw_threshold=0.8, checks=("x:y",))
-    key = base.cache_key()
-    # Re-checked by hash, so not keyed: the lists and the PDQ threshold.
-    assert SafetyConfig(blocklists=("b.txt",), pdq_threshold=5, nsfw_classifier="nudenet", nsfw_threshold=0.8,
-                        checks=("x:y",)).cache_key() == key
-    for changed in (SafetyConfig(nsfw_classifier="nudenet", nsfw_threshold=0.5, checks=("x:y",)),
-                    SafetyConfig(nsfw_classifier="pkg.mod:factory", nsfw_threshold=0.8, checks=("x:y",)),
-                    SafetyConfig(nsfw_classifier="nudenet", nsfw_threshold=0.8, checks=("x:y", "z:w")),
-                    SafetyConfig(nsfw_classifier="none", nsfw_threshold=0.8, checks=("x:y",))):
-        assert changed.cache_key() != key, changed
-    # The threshold of no classifier changes nothing; the order of checks changes nothing.
-    assert SafetyConfig(nsfw_threshold=0.1).cache_key() == SafetyConfig(nsfw_threshold=0.9).cache_key()
-    assert SafetyConfig(checks=("b:c", "a:b")).cache_key() == SafetyConfig(checks=("a:b", "b:c")).cache_key()

@@ -4,7 +4,7 @@ Every field of a keyed settings dataclass is part of the key unless EXCLUDE name
 cannot change a page's answer. So a new setting joins the key by default (re-extracting once, never
 reusing a stale answer); leaving one out is a decision written down here. Nested dataclasses (the OCR
 settings inside the hint settings, the schema, the markdown format, the model's image-token rule) are
-keyed the same way. tests/transforms/output/test_settings_key.py checks that every field is either keyed (changing
+keyed the same way. tests/transforms/model/test_cache_key.py checks that every field is either keyed (changing
 it changes the key) or excluded.
 
 The serialisation is canonical JSON: each dataclass as {"ClassName": {field: value}} with sorted keys,
@@ -36,13 +36,24 @@ EXCLUDE: Mapping[str, Mapping[str, str]] = {
         "timeout_s": "a time limit, not a setting of the answer (like every timeout)",
     },
     "ExtractConfig": {
-        # render_key is keyed: it is the key of the settings before the model (render, gate, hints).
+        # render_key is keyed: it is the key of the render, gate, hints and engine settings.
         "max_attempts": "how often a failed attempt is retried; a reusable row is an answer that succeeded",
         "gpu_hourly_usd": "prices the page, does not change its answer",
         "api_price": "prices the page, does not change its answer",
         "prices": "prices the page, does not change its answer",
         "max_in_flight": "how many pages are queued at the engine: throughput, not the answer",
         "route": "how the ledger counts the cost (model, served, api:...); the model is keyed by name",
+    },
+    "EngineSettings": {
+        # model, model_revision and max_model_len are keyed (ExtractConfig keys them too: harmless).
+        "max_num_seqs": "how many sequences the engine batches at once: throughput, not the answer",
+        "gpu_memory_utilization": "how much GPU memory the engine takes: capacity, not the answer",
+        "tensor_parallel_size": "how many GPUs one engine spans: how it runs, not the model",
+        "limit_mm_per_prompt": "a capacity limit on images per prompt; a page sends one image",
+        "kv_cache_gib": "the KV cache's size: capacity, not the answer",
+        "enforce_eager": "eager mode or CUDA graphs: how the same model runs",
+        "in_process": "where the engine runs (this process or vLLM's engine process)",
+        "service_dir": "the machine engine's folder: it holds the run id, so keying it would reuse nothing",
     },
     "ExtractionSchema": {
         "schema": "schema_hash stands for it (sha256 of its canonical JSON)",

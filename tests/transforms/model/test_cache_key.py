@@ -1,4 +1,4 @@
-"""The cache configuration key is derived from the settings dataclasses (transforms/output/cache_key.py): every
+"""The cache configuration key is derived from the settings dataclasses (transforms/model/cache_key.py): every
 field of each keyed class is either in the key (changing it changes the key) or named in EXCLUDE (changing
 it does not). A field added to one of these classes fails here until it is one or the other."""
 from __future__ import annotations
@@ -10,13 +10,14 @@ from typing import Any
 import pytest
 
 from schemas.extraction import ExtractionSchema, load_schema
+from transforms.engines.local import EngineSettings
 from transforms.hints.choose import HintSettings
 from transforms.hints.ocr import OcrSettings
+from transforms.model.cache_key import EXCLUDE, canonical, settings_key
 from transforms.model.extract import ExtractConfig
 from transforms.model.markdown import Field, MarkdownFormat, load_output
 from transforms.model.prompt import DecodingParams, config_key
 from transforms.model.token_math import ImageTokenRule, rule_for
-from transforms.output.cache_key import EXCLUDE, canonical, settings_key
 from transforms.pages.render import RenderSettings
 from transforms.safety.gate import SafetyConfig
 
@@ -33,9 +34,12 @@ BASES: dict[type, Any] = {
     DecodingParams: DecodingParams(384),
     ExtractConfig: ExtractConfig(schema=load_schema("invoice"), tenant="acme", model="m", model_revision="r",
                                  render_key="k", model_family=rule_for("llava_next"), max_model_len=8192,
-                                 max_tokens=384, max_attempts=2, max_hint_chars=2000, gpu_hourly_usd=2.5,
+                                 max_tokens=384, max_attempts=2, gpu_hourly_usd=2.5,
                                  api_price="gpt-4o", prices={"providers": {}}, max_in_flight=4, route="model",
                                  markdown=MARKDOWN),
+    EngineSettings: EngineSettings(model="m", model_revision="r", max_model_len=8192, max_num_seqs=16,
+                                   gpu_memory_utilization=0.9, tensor_parallel_size=1, limit_mm_per_prompt=1,
+                                   kv_cache_gib=2.0, enforce_eager=True, in_process=True, service_dir="/tmp/run-1"),
     ExtractionSchema: load_schema("invoice"),
     ImageTokenRule: rule_for("llava_next"),
     MarkdownFormat: MARKDOWN,
@@ -82,7 +86,7 @@ def test_every_field_is_keyed_or_excluded(cls: type) -> None:
             assert key_of(other) == key, f"{cls.__name__}.{f.name} is excluded but changes the key"
         else:
             assert key_of(other) != key, (f"{cls.__name__}.{f.name} does not change the key: key it, or add it "
-                                          "to EXCLUDE in transforms/output/cache_key.py with the reason")
+                                          "to EXCLUDE in transforms/model/cache_key.py with the reason")
 
 
 def test_the_exclude_set_names_real_fields_with_reasons() -> None:
@@ -95,10 +99,10 @@ def test_the_exclude_set_names_real_fields_with_reasons() -> None:
 
 
 def test_safety_key_form_makes_order_and_an_unused_threshold_irrelevant() -> None:
-    assert SafetyConfig(checks=("b:c", "a:b")).cache_key() == SafetyConfig(checks=("a:b", "b:c")).cache_key()
-    assert SafetyConfig(nsfw_threshold=0.1).cache_key() == SafetyConfig(nsfw_threshold=0.9).cache_key()
+    assert settings_key(SafetyConfig(checks=("b:c", "a:b"))) == settings_key(SafetyConfig(checks=("a:b", "b:c")))
+    assert settings_key(SafetyConfig(nsfw_threshold=0.1)) == settings_key(SafetyConfig(nsfw_threshold=0.9))
     with_classifier = SafetyConfig(nsfw_classifier="nudenet")
-    assert with_classifier.cache_key() != replace(with_classifier, nsfw_threshold=0.1).cache_key()
+    assert settings_key(with_classifier) != settings_key(replace(with_classifier, nsfw_threshold=0.1))
 
 
 def test_the_canonical_form_is_pinned() -> None:
