@@ -44,10 +44,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from schemas.extraction import load_schema  # noqa: E402
 from schemas.records import DocumentRecord, ExtractionResult, ListedObject, PageImage, PageTask  # noqa: E402
-from transforms.model import budget  # noqa: E402
 from transforms.engines.feed import extract_all  # noqa: E402
 from transforms.engines.local import Engine, EngineSettings, is_cpu_platform  # noqa: E402
 from transforms.intake.inspection import IntakeLimits, inspect_document  # noqa: E402
+from transforms.model import budget  # noqa: E402
 from transforms.model.extract import ExtractConfig, make_task, to_rows  # noqa: E402
 from transforms.pages.render import RenderSettings, render_document  # noqa: E402
 

@@ -30,11 +30,11 @@ from PIL import Image  # noqa: E402
 
 from schemas.records import DocumentRecord, ListedObject, PageImage  # noqa: E402
 from tests import docmaker  # noqa: E402
-from transforms.model import budget  # noqa: E402
 from transforms.hints.choose import HintSettings, apply_hint, choose_hint  # noqa: E402
 from transforms.hints.ocr import OcrResult, OcrSettings, run_tesseract  # noqa: E402
 from transforms.intake.formats import sniff_format  # noqa: E402
 from transforms.intake.inspection import IntakeLimits, inspect_document  # noqa: E402
+from transforms.model import budget  # noqa: E402
 from transforms.pages.render import RenderSettings, render_document  # noqa: E402
 from transforms.pages.sizes import low_detail_size  # noqa: E402
 
