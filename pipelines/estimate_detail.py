@@ -21,7 +21,7 @@ from typing import Any
 from pipelines.estimate_scan import Scanned
 from schemas.records import DocumentRecord, PageImage
 from transforms.hints.choose import HintSettings, choose_hint
-from transforms.intake.reading import read_capped
+from transforms.intake.reading import ObjectReader, ReadConfig, ReadFailed
 from transforms.pages.render import RenderSettings, render_document
 
 Z95 = 1.96
@@ -68,20 +68,22 @@ def sample_documents(docs: Sequence[Scanned], budget: int, seed: int) -> list[Sc
     return picked
 
 
-def decide(docs: Sequence[Scanned], render: RenderSettings, hints: HintSettings, budget: int,
+def decide(docs: Sequence[Scanned], render: RenderSettings, hints: HintSettings, read: ReadConfig, budget: int,
            seed: int) -> Decisions:
-    """Render up to `budget` pages (see the module doc) and record the hints stage's choice for each."""
+    """Render up to `budget` pages (see the module doc) and record the hints stage's choice for each. Objects
+    are read again as the run reads them (`ObjectReader`: its retries, storage_error or unreadable)."""
     total = sum(len(d.pages) for d in docs)
     rendered: dict[tuple[str, int], Decision] = {}
     measured: dict[str, list[int]] = {}  # stratum -> [low pages, pages]
     texts = {(d.uri, p.page_index): p.text for d in docs for p in d.pages}
     kinds = {d.uri: d.format for d in docs}
     notes = []
+    reader = ObjectReader(read)  # one reader, so one S3 client, for the whole sample
     for doc in sample_documents(docs, budget, seed):
         try:
-            data = read_capped(doc.uri, render.max_bytes)
-        except Exception as err:  # noqa: BLE001 - the page keeps the extrapolated figure
-            notes.append(f"{doc.uri}: not read again ({type(err).__name__})")
+            data = reader.read(doc.uri, render.max_bytes)
+        except ReadFailed as err:  # its pages keep the extrapolated figure
+            notes.append(f"{doc.uri}: not read again ({err.reason_code})")
             continue
         record = DocumentRecord(doc.uri, len(data), doc.doc_sha256 or "", doc.format or "", len(doc.pages))
         for page in render_document(record, data, render):
@@ -138,7 +140,7 @@ def render_decisions(docs: Sequence[Scanned], s: Any, detail: str, hints: str, s
     --detail auto, or hints that OCR. None with --sample-pages 0 (nothing rendered: the text-layer guess)."""
     if sample_pages <= 0 or (detail != "auto" and hints not in ("auto", "ocr")):
         return None
-    return decide(docs, s.render, s.hints, sample_pages, seed)  # `s`: the run's RunSettings
+    return decide(docs, s.render, s.hints, s.read, sample_pages, seed)  # `s`: the run's RunSettings
 
 
 def detail_summary(to_model: Sequence[Any], decisions: Decisions | None, detail: str) -> dict[str, Any]:

@@ -119,5 +119,8 @@ def test_estimate_reads_as_the_run_does(moto: str, tmp_path: Path, capsys: pytes
                          "--s3-secret-access-key", S3["secret"], "--s3-region", S3["region"]])
     assert code == 0
     assert proxy.seen["get", "estimate/in/doomed.pdf"] == 3  # retried as configured, then given up
-    documents = json.loads(capsys.readouterr().out)["documents"]
+    # The sample rendered to choose hints and detail is read again by the same reader, through the same endpoint.
+    assert proxy.seen["get", "estimate/in/report.pdf"] == 2
+    report = json.loads(capsys.readouterr().out)
+    documents = report["documents"]
     assert (documents["listed"], documents["rejected"], documents["reject_reasons"]) == (4, 1, {"storage_error": 1})

@@ -1,7 +1,8 @@
-"""DedupDocuments on a small in-memory collection (the pure split_duplicates is tested in
-tests/transforms/pages/test_render.py):
+"""split_duplicates, the pure rule, and DedupDocuments on a small in-memory collection:
 one kept copy per sha256, every other copy a `duplicate` row naming it."""
 from __future__ import annotations
+
+import itertools
 
 import apache_beam as beam
 from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
@@ -36,3 +37,31 @@ def test_split_duplicates_rows_carry_the_copy_and_the_kept_uri() -> None:
     assert kept == doc("a", "e", 5, 2)
     assert (row.source_uri, row.bytes, row.outcome, row.doc_sha256, row.format, row.page_count, row.duplicate_of,
             row.message, row.reason_code) == ("b", 5, "duplicate", "e" * 64, "pdf", 2, "a", "same bytes as a", None)
+
+
+# --- split_duplicates ----------------------------------------------------------------------------
+
+def _copies(*uris: str) -> list[DocumentRecord]:
+    return [DocumentRecord(uri=u, size=10, doc_sha256="cd" * 32, format="png", page_count=1) for u in uris]
+
+
+def test_split_single_copy() -> None:
+    kept, rows = split_duplicates(_copies("/a/only.png"))
+    assert kept.uri == "/a/only.png"
+    assert rows == []
+
+
+def test_split_keeps_the_smallest_uri_whatever_the_order() -> None:
+    uris = ("s3://b/z/last.png", "s3://b/a/first.png", "s3://b/m/middle.png", "s3://b/a/first2.png")
+    smallest = min(uris)
+    results = set()
+    for order in itertools.permutations(uris):
+        kept, rows = split_duplicates(iter(_copies(*order)))  # any iterable, as GroupByKey gives
+        assert kept.uri == smallest
+        assert sorted(r.source_uri for r in rows) == sorted(u for u in uris if u != smallest)
+        for r in rows:
+            assert (r.outcome, r.duplicate_of, r.doc_sha256, r.page_count, r.bytes) == (
+                "duplicate", smallest, "cd" * 32, 1, 10)
+            assert smallest in (r.message or "")
+        results.add((kept, tuple(sorted(rows, key=lambda r: r.source_uri))))
+    assert len(results) == 1  # every order gives the same answer

@@ -1,5 +1,4 @@
-"""DocumentOutcomes on small in-memory collections (the pure document_outcome is tested in
-tests/transforms/pages/test_render.py):
+"""document_outcome, the pure rule, and DocumentOutcomes on small in-memory collections:
 pages are tallied per document by a combiner and joined to their document, so every kept document gets
 exactly one row, also when none of its pages produced a row."""
 from __future__ import annotations
@@ -7,11 +6,13 @@ from __future__ import annotations
 from collections import Counter
 
 import apache_beam as beam
+import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from schemas.records import DocumentRecord, PageRow
-from transforms.output.outcome import DocumentOutcomes, _PageTally
+from schemas.records import REASON_CODES, DocumentRecord, DocumentRow, PageRow
+from schemas.statuses import OUTCOMES
+from transforms.output.outcome import DocumentOutcomes, _PageTally, document_outcome
 
 A = DocumentRecord("s3://b/a.pdf", 10, "a" * 64, "pdf", 3)
 B = DocumentRecord("s3://b/b.pdf", 20, "b" * 64, "pdf", 2)
@@ -48,3 +49,75 @@ def test_every_kept_document_gets_one_row_from_its_pages() -> None:
             (B.uri, "cached", None, 20, 2, None),
             # No page row at all: the document still gets its row, and says why.
             (C.uri, "failed", "extraction_failed", 30, 1, "1 of 1 pages produced no row")]))
+
+
+# --- document_outcome ----------------------------------------------------------------------------
+
+DOC = DocumentRecord(uri="/data/d.pdf", size=123, doc_sha256="ab" * 32, format="pdf", page_count=4)
+
+
+def _outcome(statuses: dict[str, int], reasons: dict[str, int] | None = None,
+             doc: DocumentRecord = DOC) -> DocumentRow:
+    row = document_outcome(doc, Counter(statuses), Counter(reasons or {}))
+    assert row.outcome in OUTCOMES
+    assert row.reason_code is None or row.reason_code in REASON_CODES
+    assert (row.source_uri, row.bytes, row.doc_sha256, row.format, row.page_count) == (
+        doc.uri, doc.size, doc.doc_sha256, doc.format, doc.page_count)
+    return row
+
+
+def test_outcome_all_rendered() -> None:
+    row = _outcome({"rendered": 4})
+    assert (row.outcome, row.reason_code, row.message) == ("rendered", None, None)
+
+
+@pytest.mark.parametrize("statuses", [{"ok": 4}, {"ok": 2, "cached": 1, "duplicate": 1}, {"cached": 3, "ok": 1}])
+def test_outcome_extracted(statuses: dict[str, int]) -> None:
+    row = _outcome(statuses)
+    assert (row.outcome, row.reason_code, row.message) == ("extracted", None, None)
+
+
+def test_outcome_all_pages_from_the_cache_is_cached() -> None:
+    row = _outcome({"cached": 4})
+    assert (row.outcome, row.reason_code, row.message) == ("cached", None, None)
+
+
+def test_outcome_partial_takes_the_commonest_reason() -> None:
+    row = _outcome({"ok": 1, "failed": 2, "invalid": 1}, {"render_failed": 2, "schema_invalid": 1})
+    assert (row.outcome, row.reason_code) == ("partial", "render_failed")
+    assert row.message and "2 failed" in row.message and "1 invalid" in row.message
+
+
+def test_outcome_rendered_and_failed_is_partial() -> None:
+    row = _outcome({"rendered": 3, "failed": 1}, {"page_too_large": 1})
+    assert (row.outcome, row.reason_code) == ("partial", "page_too_large")
+
+
+def test_outcome_all_failed() -> None:
+    row = _outcome({"failed": 4}, {"render_failed": 3, "page_too_large": 1})
+    assert (row.outcome, row.reason_code) == ("failed", "render_failed")
+
+
+def test_outcome_all_invalid_without_reasons() -> None:
+    row = _outcome({"invalid": 4})
+    assert (row.outcome, row.reason_code) == ("failed", "extraction_failed")
+
+
+def test_outcome_all_quarantined() -> None:
+    row = _outcome({"quarantined": 4}, {"blocked_hash": 4})
+    assert (row.outcome, row.reason_code) == ("quarantined", "blocked_hash")
+    assert row.message == "4 quarantined of 4 pages"
+
+
+def test_outcome_no_pages_at_all() -> None:
+    row = _outcome({})
+    assert (row.outcome, row.reason_code) == ("failed", "extraction_failed")
+    assert row.message == "4 of 4 pages produced no row"
+
+
+def test_outcome_missing_pages_are_reported_not_papered_over() -> None:
+    row = _outcome({"ok": 3})
+    assert row.outcome == "partial"
+    assert row.message == "1 of 4 pages produced no row"
+    row = _outcome({"rendered": 3})
+    assert row.outcome == "partial"

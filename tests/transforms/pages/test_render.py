@@ -1,10 +1,8 @@
-"""Pure tests of the page stage (render_document, normalise, page_hash), of document_outcome and of
-split_duplicates. No Beam pipeline."""
+"""Pure tests of the page stage (render_document, normalise, page_hash). No Beam pipeline."""
 from __future__ import annotations
 
 import hashlib
 import io
-import itertools
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -12,10 +10,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from PIL import Image
 
-from schemas.records import REASON_CODES, DocumentRecord, DocumentRow, PageImage, PageRow
-from schemas.statuses import OUTCOMES
+from schemas.records import REASON_CODES, DocumentRecord, PageImage, PageRow
 from tests import docmaker
-from transforms.intake.dedup import split_duplicates
 from transforms.output.outcome import document_outcome
 from transforms.pages.render import RenderSettings, normalise, page_hash, render_document
 
@@ -290,106 +286,6 @@ def test_large_image_is_capped() -> None:
     Image.new("RGB", (3000, 1500), (10, 200, 10)).save(buf, format="PNG")
     page = _images(_render(buf.getvalue(), "png", 1))[0]
     assert (page.width, page.height) == (1288, 644)
-
-
-# --- document_outcome ----------------------------------------------------------------------------
-
-DOC = DocumentRecord(uri="/data/d.pdf", size=123, doc_sha256="ab" * 32, format="pdf", page_count=4)
-
-
-def _outcome(statuses: dict[str, int], reasons: dict[str, int] | None = None,
-             doc: DocumentRecord = DOC) -> DocumentRow:
-    row = document_outcome(doc, Counter(statuses), Counter(reasons or {}))
-    assert row.outcome in OUTCOMES
-    assert row.reason_code is None or row.reason_code in REASON_CODES
-    assert (row.source_uri, row.bytes, row.doc_sha256, row.format, row.page_count) == (
-        doc.uri, doc.size, doc.doc_sha256, doc.format, doc.page_count)
-    return row
-
-
-def test_outcome_all_rendered() -> None:
-    row = _outcome({"rendered": 4})
-    assert (row.outcome, row.reason_code, row.message) == ("rendered", None, None)
-
-
-@pytest.mark.parametrize("statuses", [{"ok": 4}, {"ok": 2, "cached": 1, "duplicate": 1}, {"cached": 3, "ok": 1}])
-def test_outcome_extracted(statuses: dict[str, int]) -> None:
-    row = _outcome(statuses)
-    assert (row.outcome, row.reason_code, row.message) == ("extracted", None, None)
-
-
-def test_outcome_all_pages_from_the_cache_is_cached() -> None:
-    row = _outcome({"cached": 4})
-    assert (row.outcome, row.reason_code, row.message) == ("cached", None, None)
-
-
-def test_outcome_partial_takes_the_commonest_reason() -> None:
-    row = _outcome({"ok": 1, "failed": 2, "invalid": 1}, {"render_failed": 2, "schema_invalid": 1})
-    assert (row.outcome, row.reason_code) == ("partial", "render_failed")
-    assert row.message and "2 failed" in row.message and "1 invalid" in row.message
-
-
-def test_outcome_rendered_and_failed_is_partial() -> None:
-    row = _outcome({"rendered": 3, "failed": 1}, {"page_too_large": 1})
-    assert (row.outcome, row.reason_code) == ("partial", "page_too_large")
-
-
-def test_outcome_all_failed() -> None:
-    row = _outcome({"failed": 4}, {"render_failed": 3, "page_too_large": 1})
-    assert (row.outcome, row.reason_code) == ("failed", "render_failed")
-
-
-def test_outcome_all_invalid_without_reasons() -> None:
-    row = _outcome({"invalid": 4})
-    assert (row.outcome, row.reason_code) == ("failed", "extraction_failed")
-
-
-def test_outcome_all_quarantined() -> None:
-    row = _outcome({"quarantined": 4}, {"blocked_hash": 4})
-    assert (row.outcome, row.reason_code) == ("quarantined", "blocked_hash")
-    assert row.message == "4 quarantined of 4 pages"
-
-
-def test_outcome_no_pages_at_all() -> None:
-    row = _outcome({})
-    assert (row.outcome, row.reason_code) == ("failed", "extraction_failed")
-    assert row.message == "4 of 4 pages produced no row"
-
-
-def test_outcome_missing_pages_are_reported_not_papered_over() -> None:
-    row = _outcome({"ok": 3})
-    assert row.outcome == "partial"
-    assert row.message == "1 of 4 pages produced no row"
-    row = _outcome({"rendered": 3})
-    assert row.outcome == "partial"
-
-
-# --- split_duplicates ----------------------------------------------------------------------------
-
-def _copies(*uris: str) -> list[DocumentRecord]:
-    return [DocumentRecord(uri=u, size=10, doc_sha256="cd" * 32, format="png", page_count=1) for u in uris]
-
-
-def test_split_single_copy() -> None:
-    kept, rows = split_duplicates(_copies("/a/only.png"))
-    assert kept.uri == "/a/only.png"
-    assert rows == []
-
-
-def test_split_keeps_the_smallest_uri_whatever_the_order() -> None:
-    uris = ("s3://b/z/last.png", "s3://b/a/first.png", "s3://b/m/middle.png", "s3://b/a/first2.png")
-    smallest = min(uris)
-    results = set()
-    for order in itertools.permutations(uris):
-        kept, rows = split_duplicates(iter(_copies(*order)))  # any iterable, as GroupByKey gives
-        assert kept.uri == smallest
-        assert sorted(r.source_uri for r in rows) == sorted(u for u in uris if u != smallest)
-        for r in rows:
-            assert (r.outcome, r.duplicate_of, r.doc_sha256, r.page_count, r.bytes) == (
-                "duplicate", smallest, "cd" * 32, 1, 10)
-            assert smallest in (r.message or "")
-        results.add((kept, tuple(sorted(rows, key=lambda r: r.source_uri))))
-    assert len(results) == 1  # every order gives the same answer
 
 
 def test_thin_strip_is_padded_to_a_ratio_vision_models_accept() -> None:
