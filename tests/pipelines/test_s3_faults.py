@@ -111,16 +111,24 @@ def test_an_object_that_keeps_failing_gets_a_storage_error_row(moto: str, tmp_pa
 def test_estimate_reads_as_the_run_does(moto: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`pagemill estimate` reads objects with the run's reader: the same retries, the same reason code."""
     make_bucket({"endpoint": moto, **S3}, "estimate", OBJECTS)
-    doomed = lambda op, key, seen: SLOW_DOWN if op == "get" and key.endswith("/in/doomed.pdf") else None  # noqa: E731
-    with FaultProxy(moto, doomed) as proxy:
+
+    def rule(op: str, key: str, seen: int) -> int | None:
+        # doomed.pdf: throttled for good. report.pdf: scanned, then throttled for good when read again to render.
+        doomed = key.endswith("/in/doomed.pdf") or (key.endswith("/in/report.pdf") and seen > 1)
+        return SLOW_DOWN if op == "get" and doomed else None
+
+    with FaultProxy(moto, rule) as proxy:
         capsys.readouterr()
         code = cli.main(["estimate", "--format", "json", "--input", "s3://estimate/in/", "--pages-per-second", "1",
                          "--s3-max-attempts", "3", "--s3-endpoint-url", proxy.url, "--s3-access-key-id", S3["key"],
                          "--s3-secret-access-key", S3["secret"], "--s3-region", S3["region"]])
     assert code == 0
     assert proxy.seen["get", "estimate/in/doomed.pdf"] == 3  # retried as configured, then given up
-    # The sample rendered to choose hints and detail is read again by the same reader, through the same endpoint.
-    assert proxy.seen["get", "estimate/in/report.pdf"] == 2
+    # The sample rendered to choose hints and detail is read again by the same reader: the same retries, the
+    # same reason code, and the document keeps its extrapolated figure.
+    assert proxy.seen["get", "estimate/in/report.pdf"] == 1 + 3
     report = json.loads(capsys.readouterr().out)
+    assert report["detail"]["notes"] == ["s3://estimate/in/report.pdf: not read again (storage_error)"]
+    assert report["detail"]["extrapolated_pages"] == 3  # report.pdf's pages
     documents = report["documents"]
     assert (documents["listed"], documents["rejected"], documents["reject_reasons"]) == (4, 1, {"storage_error": 1})
