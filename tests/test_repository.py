@@ -10,7 +10,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 # Built from parts so that this file does not match itself.
-ROOTS = ["wo" + "rk", "ho" + "me", "ro" + "ot", "Us" + "ers", "mn" + "t"]
+ROOTS = ["wo" + "rk", "ho" + "me", "ro" + "ot", "Us" + "ers", "mn" + "t", "tm" + "p"]
 MACHINE_PATH = re.compile("(?<![\\w.~<>-])/(" + "|".join(ROOTS) + ")/[\\w.-]+")
 
 

@@ -39,7 +39,7 @@ BASES: dict[type, Any] = {
                                  markdown=MARKDOWN),
     EngineSettings: EngineSettings(model="m", model_revision="r", max_model_len=8192, max_num_seqs=16,
                                    gpu_memory_utilization=0.9, tensor_parallel_size=1, limit_mm_per_prompt=1,
-                                   kv_cache_gib=2.0, enforce_eager=True, in_process=True, service_dir="/tmp/run-1"),
+                                   kv_cache_gib=2.0, enforce_eager=True, in_process=True, service_dir="engine-service/run-1"),
     ExtractionSchema: load_schema("invoice"),
     ImageTokenRule: rule_for("llava_next"),
     MarkdownFormat: MARKDOWN,
