@@ -30,7 +30,7 @@ from pipelines.estimate_scan import (
 )
 from pipelines.option_checks import epoch
 from pipelines.options import PagemillOptions
-from pipelines.settings import model_route, run_settings
+from pipelines.settings import extract_config, run_settings
 from pipelines.storage import StorageConfig
 from schemas.extraction import ExtractionSchema
 from schemas.records import API_ROUTE_PREFIX
@@ -38,9 +38,8 @@ from schemas.statuses import FAILED, REJECTED
 from transforms.hints.choose import HintSettings
 from transforms.intake.listing import list_matching
 from transforms.model import budget
-from transforms.model.markdown import MarkdownFormat, load_output
+from transforms.model.markdown import MarkdownFormat
 from transforms.model.prompt import SYSTEM_PROMPT, chat_messages, clean_hint, control_tokens, user_text
-from transforms.model.token_math import rule_for
 from transforms.pages.sizes import low_detail_size
 
 
@@ -281,12 +280,8 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
     """The whole estimate as one JSON-ready dict."""
     t0 = time.perf_counter()
     run = run_settings(o)  # the run's own settings (one home: pipelines/settings.py)
-    if run.extract is not None:  # what the run would use, loaded once there
-        schema, markdown, rule = run.extract.schema, run.extract.markdown, run.extract.model_family
-        prices, route = run.extract.prices, run.extract.route
-    else:  # --extract false: what a run that extracts would use
-        schema, markdown = load_output(o.schema)
-        rule, prices, route = rule_for(o.model_family, o.model), budget.load_prices(), model_route(o)
+    cfg = run.extract or extract_config(o, "")  # --extract false: what a run that extracts would use
+    schema, markdown, rule, prices, route = cfg.schema, cfg.markdown, cfg.model_family, cfg.prices, cfg.route
     throughput = load_throughput(o.model, pages_per_second)
     t_setup = time.perf_counter()  # the schema check imports the grammar compiler: seconds, once
     objects = list_matching(o.input, epoch(o.modified_since), epoch(o.modified_until))

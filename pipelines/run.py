@@ -7,6 +7,8 @@ import sys
 import time
 from typing import Any
 
+from schemas import layout
+
 SINCE_LAST_RUN_OVERLAP_S = 3600
 
 
@@ -77,7 +79,7 @@ def run(options: Any, storage: Any) -> int:
         from pipelines.markdown_files import write_markdown
 
         written = write_markdown(o.output, o.tenant, o.run_id, storage)
-        print(f"  markdown: {written} documents under {o.output.rstrip('/')}/markdown/tenant={o.tenant}/")
+        print(f"  markdown: {written} documents under {layout.markdown_folder(o.output, o.tenant)}/")
     for error in counts["errors"]:
         print(f"pagemill run: error: {error}", file=sys.stderr)
     print(f"pagemill: exit {code}: {why}", file=sys.stderr if code else sys.stdout)

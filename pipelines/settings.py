@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from schemas.records import API_ROUTE_PREFIX
 from transforms.engines.local import EngineSettings
 from transforms.hints.choose import HintSettings
 from transforms.hints.ocr import OcrSettings
@@ -130,7 +131,7 @@ def model_route(o: PagemillOptions) -> str:
     """The ledger route of a page sent to the model: how its cost is counted (schemas/records.py ROUTES)."""
     if o.engine != "openai":
         return "model"
-    return "served" if o.endpoint_kind == "served" else f"api:{o.api_price}"
+    return "served" if o.endpoint_kind == "served" else f"{API_ROUTE_PREFIX}{o.api_price}"
 
 
 def extract_config(o: PagemillOptions, render_key: str) -> ExtractConfig:

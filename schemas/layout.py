@@ -45,6 +45,11 @@ def markdown_folder(output: str, tenant: str) -> str:
     return join_uri(output, "markdown", f"tenant={tenant}")
 
 
+def manifest_path(output: str, run_id: str) -> str:
+    """A run's manifest: `runs/<run_id>.json` (one per run id, whichever tenant wrote it)."""
+    return join_uri(output, "runs", f"{run_id}.json")
+
+
 def eval_path(output: str, tenant: str, run_id: str) -> str:
     """Where `eval --save` keeps a run's result, and where `pagemill report` looks for it."""
     return join_uri(output, "evals", f"tenant={tenant}", f"run_id={run_id}.json")

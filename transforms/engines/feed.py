@@ -13,7 +13,6 @@ exception and never a future left unresolved.
 from __future__ import annotations
 
 import datetime as dt
-import io
 import json
 import logging
 import queue
@@ -32,7 +31,8 @@ from transforms.engines.local import Completion, PageEngine
 from transforms.model import budget
 from transforms.model.markdown import TRUNCATED_FLAG, MarkdownFormat
 from transforms.model.postfilter import SchemaValidator
-from transforms.model.prompt import chat_messages, control_tokens
+from transforms.model.prompt import chat_messages, control_tokens, decoding
+from transforms.pages.render import decode_rgb
 from transforms.pages.sizes import resize_for_detail
 
 if TYPE_CHECKING:
@@ -40,13 +40,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 MAX_KEYS = 100_000  # done keys remembered per process for dedup (a few KB each); in-flight keys always
-
-
-def decoding(attempt: int) -> tuple[float, float]:
-    """(temperature, top_p) of one try, for every engine. Greedy first: a retry of a greedy decode would
-    repeat itself, so later attempts sample (unseeded: seeded sampling with chunked prefill crashes vLLM
-    0.32's CPU engine)."""
-    return (0.0, 1.0) if attempt == 1 else (0.7, 0.95)
 
 
 def sampling_params(schema: Any, max_tokens: int, attempt: int, markdown: MarkdownFormat | None = None) -> Any:
@@ -89,7 +82,7 @@ def prepare(task: PageTask, tokenizer: Any, cfg: ExtractConfig, controls: Sequen
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     # The template holds one image placeholder token, which the engine expands to image_tokens.
     text_tokens = len(tokenizer.encode(text, add_special_tokens=False)) - 1
-    img = resize_for_detail(Image.open(io.BytesIO(task.page.image)).convert("RGB"), task.page.detail_side)
+    img = resize_for_detail(decode_rgb(task.page.image), task.page.detail_side)
     size = budget.fit_image(img.width, img.height, text_tokens, cfg.max_tokens, cfg.max_model_len, cfg.model_family)
     if size is None:
         return Request(None, text_tokens, img.width, img.height, result=ExtractionResult(

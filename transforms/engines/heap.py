@@ -10,7 +10,6 @@ Figures in benchmarks/README.md (bench_memory). Elsewhere than glibc both are ab
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import time
 from collections.abc import Callable
 
@@ -19,11 +18,8 @@ MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's own starting value, kept fixed inst
 
 
 def _libc_function(name: str) -> Callable[..., int] | None:
-    path = ctypes.util.find_library("c")
-    if not path:
-        return None
-    try:
-        return getattr(ctypes.CDLL(path), name)
+    try:  # the C library this process already has loaded: no ldconfig lookup
+        return getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):  # musl, macOS: no malloc_trim / mallopt
         return None
 

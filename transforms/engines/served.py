@@ -43,7 +43,8 @@ from typing import TYPE_CHECKING, Any
 
 from transforms.engines.local import Completion, EngineOutput, Sample
 from transforms.model import budget
-from transforms.model.prompt import SYSTEM_PROMPT, strip_controls, user_text
+from transforms.model.prompt import SYSTEM_PROMPT, decoding, strip_controls, user_text
+from transforms.pages.render import decode_rgb
 from transforms.pages.sizes import low_detail_size, resize_for_detail
 
 if TYPE_CHECKING:
@@ -100,9 +101,7 @@ def page_image(image: bytes, width: int, height: int, detail_side: int) -> tuple
     it is when no resize is needed (no second encode)."""
     size = low_detail_size(width, height, detail_side)
     if size != (width, height):
-        from PIL import Image
-
-        img = resize_for_detail(Image.open(io.BytesIO(image)).convert("RGB"), detail_side)
+        img = resize_for_detail(decode_rgb(image), detail_side)
         buf = io.BytesIO()
         img.save(buf, format="JPEG", quality=90)
         image, size = buf.getvalue(), img.size
@@ -130,9 +129,7 @@ def build_request(task: PageTask, cfg: ExtractConfig) -> Request:
 
 
 def sampling_body(schema: ExtractionSchema, max_tokens: int, attempt: int) -> dict[str, Any]:
-    """Decoding fields of one try, as transforms.engines.feed.sampling_params: greedy first, then sampled. Pure."""
-    from transforms.engines.feed import decoding
-
+    """Decoding fields of one try, as transforms.engines.feed.sampling_params (`prompt.decoding`). Pure."""
     temperature, top_p = decoding(attempt)
     return {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
             "response_format": {"type": "json_schema",

@@ -44,10 +44,17 @@ def fence_marker(hint: str) -> str:
     return f"PAGE_TEXT-{hashlib.sha256(('fence' + hint).encode()).hexdigest()[:16]}"
 
 
+def decoding(attempt: int) -> tuple[float, float]:
+    """(temperature, top_p) of one try, for every engine. Greedy first: a retry of a greedy decode would
+    repeat itself, so later attempts sample (unseeded: seeded sampling with chunked prefill crashes vLLM
+    0.32's CPU engine)."""
+    return (0.0, 1.0) if attempt == 1 else (0.7, 0.95)
+
+
 @dataclass(frozen=True)
 class DecodingParams:
     max_tokens: int
-    temperature: float = 0.0
+    temperature: float = decoding(1)[0]  # the schedule's first, greedy try
 
 
 def control_tokens(tokenizer: Any) -> tuple[str, ...]:

@@ -86,6 +86,21 @@ def encode_page(img: Image.Image, quality: int) -> bytes:
     return buf.getvalue()
 
 
+def decode_luma(data: bytes) -> Image.Image:
+    """The page's luminance: a JPEG's own Y channel, decoded without its colour (Pillow's draft mode)."""
+    image = Image.open(io.BytesIO(data))
+    image.draft("L", image.size)
+    image.load()
+    return image if image.mode == "L" else image.convert("L")
+
+
+def decode_rgb(data: bytes) -> Image.Image:
+    """The page's pixels as RGB, copied only if the JPEG is not RGB already (a page's always is)."""
+    image = Image.open(io.BytesIO(data))
+    image.load()
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
 def has_raster_image(page: pdfium.PdfPage) -> bool:
     """Whether the page draws a raster image, directly or inside a Form XObject. Stops at the first
     image. Anything it cannot tell (a pdfium error, nesting or object counts past the bounds) is True:

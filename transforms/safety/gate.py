@@ -22,7 +22,6 @@ with the note `<check>:skipped_no_raster` in `flag_detail`. Blocklists and other
 """
 from __future__ import annotations
 
-import io
 import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -36,6 +35,7 @@ from PIL import Image
 
 from schemas.records import DocumentRecord, DocumentRow, PageImage, PageRow
 from schemas.statuses import QUARANTINED
+from transforms.pages.render import decode_luma, decode_rgb
 from transforms.pages.sizes import resize_for_detail
 from transforms.pages.textlayer import PICTURE_MIN_COVERAGE
 from transforms.safety.blocklist import Blocklists, Match, load_blocklists, usable_pdq
@@ -158,21 +158,6 @@ def renditions(image: Image.Image, low_side: int) -> list[tuple[str, str | None]
     if low_side > 0 and max(image.size) > low_side:
         out.append(("page at low detail", usable_pdq(resize_for_detail(image, low_side))))
     return out
-
-
-def decode_luma(data: bytes) -> Image.Image:
-    """The page's luminance: a JPEG's own Y channel, decoded without its colour (Pillow's draft mode)."""
-    image = Image.open(io.BytesIO(data))
-    image.draft("L", image.size)
-    image.load()
-    return image if image.mode == "L" else image.convert("L")
-
-
-def decode_rgb(data: bytes) -> Image.Image:
-    """The page's pixels as RGB, copied only if the JPEG is not RGB already (a page's always is)."""
-    image = Image.open(io.BytesIO(data))
-    image.load()
-    return image if image.mode == "RGB" else image.convert("RGB")
 
 
 def screen_page(page: PageImage, checks: Checks, low_side: int) -> tuple[PageImage, Verdict | None]:

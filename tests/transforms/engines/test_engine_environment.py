@@ -42,7 +42,9 @@ def test_making_an_engine_sets_its_environment_before_it_starts(monkeypatch: pyt
 
     wrong = "1" if is_cpu_platform() else "0"  # the opposite of what the default settings need
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", wrong)
-    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)  # so that what the engine sets is undone
+    # Recorded as absent first, so that what the engine sets is removed after the test.
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "")
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY")
     engine = Engine(SETTINGS)
     assert engine.llm is None  # not started: the environment is set before the engine exists
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != wrong

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from schemas.extraction import ExtractionSchema, load_schema
+from tests.transforms.model.test_prompt import extract_config
 from transforms.engines.local import EngineSettings
 from transforms.hints.choose import HintSettings
 from transforms.hints.ocr import OcrSettings
@@ -32,14 +33,12 @@ BASES: dict[type, Any] = {
     HintSettings: HintSettings(),
     OcrSettings: OcrSettings(),
     DecodingParams: DecodingParams(384),
-    ExtractConfig: ExtractConfig(schema=load_schema("invoice"), tenant="acme", model="m", model_revision="r",
-                                 render_key="k", model_family=rule_for("llava_next"), max_model_len=8192,
-                                 max_tokens=384, max_attempts=2, gpu_hourly_usd=2.5,
-                                 api_price="gpt-4o", prices={"providers": {}}, max_in_flight=4, route="model",
-                                 markdown=MARKDOWN),
+    ExtractConfig: extract_config(model_family=rule_for("llava_next"), prices={"providers": {}}, max_in_flight=4,
+                                  route="model", markdown=MARKDOWN),
     EngineSettings: EngineSettings(model="m", model_revision="r", max_model_len=8192, max_num_seqs=16,
                                    gpu_memory_utilization=0.9, tensor_parallel_size=1, limit_mm_per_prompt=1,
-                                   kv_cache_gib=2.0, enforce_eager=True, in_process=True, service_dir="engine-service/run-1"),
+                                   kv_cache_gib=2.0, enforce_eager=True, in_process=True,
+                                   service_dir="engine-service/run-1"),
     ExtractionSchema: load_schema("invoice"),
     ImageTokenRule: rule_for("llava_next"),
     MarkdownFormat: MARKDOWN,

@@ -9,12 +9,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from pipelines import cli
 from schemas.records import DocumentRecord, PageImage, PageRow
 from tests import docmaker
+from tests.pipelines.raw import raw_rows
 from tests.transforms.pages.test_pages_timed import SETTINGS, first_page_then_hang
 from transforms.pages.ranges import MAX_RANGES, page_ranges
 from transforms.pages.render import render_document
@@ -72,11 +72,6 @@ def test_a_range_gets_its_share_of_the_time_limit_and_fails_only_its_pages() -> 
     assert 3.5 < took < 7.5  # its share (4 s), not the document's 8 s
 
 
-def _rows(output: Path, table: str) -> list[dict]:
-    files = sorted(output.glob(f"{table}/**/*.parquet"))
-    return [r for f in files for r in pq.read_table(f).to_pylist()]
-
-
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_a_split_run_writes_what_a_whole_run_writes(tmp_path: Path, workers: str) -> None:
     inputs = tmp_path / "in"
@@ -89,8 +84,9 @@ def test_a_split_run_writes_what_a_whole_run_writes(tmp_path: Path, workers: str
         assert cli.main(["run", "--input", str(inputs), "--output", str(output), "--extract", "false",
                          "--run-id", name, "--progress-every-s", "0", "--max-side", "400", "--nsfw-classifier", "none",
                          "--render-range-pages", size, "--workers", workers]) == 0
-        docs = sorted((d["source_uri"], d["outcome"], d["page_count"]) for d in _rows(output, "documents"))
-        pages = sorted((p["source_uri"], p["page_index"], p["status"], p["page_hash"]) for p in _rows(output, "pages"))
+        docs = sorted((d["source_uri"], d["outcome"], d["page_count"]) for d in raw_rows(output, "documents"))
+        pages = sorted((p["source_uri"], p["page_index"], p["status"], p["page_hash"])
+                       for p in raw_rows(output, "pages"))
         results[name] = docs, pages
         manifest = json.loads((output / "runs" / f"{name}.json").read_text())
         assert manifest["exit_code"] == 0
