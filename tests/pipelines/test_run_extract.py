@@ -38,7 +38,10 @@ def extracted(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path) ->
     output = tmp_path_factory.mktemp("out")
     code = cli.main(["run", "--input", str(inputs), "--output", str(output), "--run-id", "x1", "--schema", "invoice",
                      "--model", str(test_model_dir), "--model-revision", "tiny", "--max-tokens", "384",
-                     "--kv-cache-gib", "0.25", "--max-side", "800", "--progress-every-s", "0"])
+                     "--kv-cache-gib", "0.25", "--max-side", "800", "--progress-every-s", "0",
+                     # One worker process: copies of a page in two processes can both reach the model (documented
+                     # in docs/extraction.md), and these tests check the in-process `duplicate` rows.
+                     "--workers", "1"])
     assert code == 0
     return output
 
