@@ -34,6 +34,12 @@ CHILD_COMMAND = "from transforms.child_process import child_main; child_main()"
 Work = Callable[..., Iterator[Any]]
 
 
+def python_argv(*args: str) -> list[str]:
+    """Pure: the command line of a pagemill child interpreter. `-P` keeps the current folder (often a folder of
+    uploads) off `sys.path`, so only the import path handed over in PYTHONPATH (see child_env) can supply code."""
+    return [sys.executable, "-P", *args]
+
+
 def child_env(environ: Mapping[str, str], path: list[str]) -> dict[str, str]:
     """Pure: the child's environment: what Python needs, and this process's import path; no credentials
     (the worker's environment holds Beam's PIPELINE_OPTIONS, storage keys among them)."""
@@ -101,7 +107,7 @@ class ChildWorker:
         if self.proc is not None and self.proc.poll() is None:
             return
         self.stop()
-        proc = subprocess.Popen([sys.executable, "-c", CHILD_COMMAND], stdin=subprocess.PIPE,
+        proc = subprocess.Popen(python_argv("-c", CHILD_COMMAND), stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, env=child_env(os.environ, sys.path), close_fds=True)
         assert proc.stdin is not None and proc.stdout is not None
         self.requests = Connection(os.dup(proc.stdin.fileno()), readable=False)
