@@ -1,0 +1,24 @@
+"""transforms/text_safety.py: the one rule for untrusted text printed on a terminal."""
+from __future__ import annotations
+
+import pytest
+
+from transforms.text_safety import terminal_safe
+
+# Each character the rule names, written by hand as its code point and the escape it must print as.
+UNSAFE = [("\x1b", "\\x1b"), ("\r", "\\r"), ("\n", "\\n"), ("\t", "\\t"), ("\x07", "\\x07"), ("\x00", "\\x00"),
+          ("\x7f", "\\x7f"), ("\x9b", "\\x9b"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029"),
+          *[(chr(c), f"\\u{c:04x}") for c in range(0x202A, 0x202F)],
+          *[(chr(c), f"\\u{c:04x}") for c in range(0x2066, 0x206A)],
+          ("\u061c", "\\u061c"), *[(chr(c), f"\\u{c:04x}") for c in range(0x200B, 0x2010)], ("\ufeff", "\\ufeff")]
+
+
+@pytest.mark.parametrize(("char", "shown"), UNSAFE)
+def test_each_unsafe_character_is_shown_as_its_escape(char: str, shown: str) -> None:
+    assert terminal_safe(f"a{char}b") == f"a{shown}b"
+
+
+def test_a_terminal_escape_sequence_is_inert_and_other_text_is_unchanged() -> None:
+    assert terminal_safe("\x1b]0;pwned\x07\x1b[2J") == "\\x1b]0;pwned\\x07\\x1b[2J"
+    plain = "Rechnung Nr. 7 — Summe 12,00 € (ü, 日本, العربية, emoji \U0001f600) \\x1b"
+    assert terminal_safe(plain) == plain  # printable text of any script, and a literal backslash, pass as they are
