@@ -60,8 +60,14 @@ def test_files_cannot_be_written(output: Path, tmp_path: Path, capsys: pytest.Ca
 
 
 def test_configuration_is_locked(output: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    for query in ("SET enable_external_access = true", "RESET enable_external_access", "INSTALL httpfs",
-                  "LOAD httpfs"):
+    # Settings that are harmless to change without the lock (DuckDB accepts them on an open connection):
+    # only `lock_configuration` refuses them, so each fails here if the lock is gone.
+    for query in ("SET python_enable_replacements = true", "SET lock_configuration = false", "SET threads = 1",
+                  "RESET enable_external_access"):
+        code, _, err = _sql(capsys, output, query)
+        assert code == 1 and err.count("\n") == 1 and "configuration has been locked" in err, (query, err)
+    # Refused by the file-access switch itself (locked or not), each on one line.
+    for query in ("SET enable_external_access = true", "INSTALL httpfs", "LOAD httpfs"):
         code, _, err = _sql(capsys, output, query)
         assert code == 1 and err.count("\n") == 1, query
     # ... and the views still read the registered tables afterwards.
