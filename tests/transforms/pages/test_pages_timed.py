@@ -7,6 +7,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from schemas.records import DocumentRecord, PageImage, PageRow
 from tests import docmaker
 from transforms.child_process import _wait_s, child_env
+from transforms.pages import timed
 from transforms.pages.render import RenderSettings, render_document
 from transforms.pages.timed import RenderLimits, RenderWorker, missing_pages
 
@@ -99,17 +101,50 @@ def test_document_deadline_keeps_finished_pages_and_times_out_the_rest() -> None
     assert isinstance(after[0], PageImage) and worker.started >= 2
 
 
-def test_time_spent_by_later_stages_is_not_charged_to_the_document() -> None:
+def gated(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterator[PageImage | PageRow]:
+    """Fault injection (runs in the child): page i+1 is rendered only once the parent's consumer has finished
+    with page i (it creates `<uri>.<i+1>`), so the child cannot run ahead into the pipe while the consumer
+    works, and the deadline, not a page already waiting, decides."""
+    for page in render_document(doc, data, s):
+        if page.page_index > 0:
+            gate = Path(f"{doc.uri}.{page.page_index}")
+            for _ in range(6000):
+                if gate.exists():
+                    break
+                time.sleep(0.01)
+            time.sleep(0.2)  # the page's own rendering time, after the consumer let it start
+        yield page
+
+
+class SlowModelClock:
+    """The worker's clock, with `skew` seconds added by a consumer that 'spends' them (a slow model fused
+    into the stage) without the test waiting for them."""
+
+    def __init__(self) -> None:
+        self.skew = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.skew
+
+
+def test_time_spent_by_later_stages_is_not_charged_to_the_document(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     data = docmaker.multipage_pdf(3)
-    worker = RenderWorker(RenderLimits(document_timeout_s=2))
+    doc = replace(_doc(data, 3), uri=str(tmp_path / "d.pdf"))
+    clock = SlowModelClock()
+    monkeypatch.setattr(timed, "time", clock)
+    worker = RenderWorker(RenderLimits(document_timeout_s=60), gated)
     rows = []
     try:
-        for page in worker.pages(_doc(data, 3), data, SETTINGS):
+        for page in worker.pages(doc, data, SETTINGS):
             rows.append(page)
-            time.sleep(1.5)  # a slow consumer (the model, fused into this stage): 4.5 s in all, over 2 s
+            clock.skew += 100.0  # the model spends 100 s on this page: past the document's 60 s
+            Path(f"{doc.uri}.{page.page_index + 1}").touch()  # only now may the child render the next page
     finally:
         worker.stop()
-    assert [type(r).__name__ for r in rows] == ["PageImage"] * 3
+    # Each page's own work (~0.2 s) is on the clock, the model's 300 s are not: no page times out.
+    assert [(type(r).__name__, r.page_index) for r in rows] == [("PageImage", 0), ("PageImage", 1),
+                                                                ("PageImage", 2)]
 
 
 def test_an_abandoned_document_leaves_nothing_for_the_next() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,6 +15,8 @@ from schemas.records import DocumentRecord, PageImage, PageRow
 from tests import docmaker
 from tests.pipelines.raw import raw_rows
 from tests.transforms.pages.test_pages_timed import SETTINGS, first_page_then_hang
+from transforms.child_process import _wait_s
+from transforms.pages import timed
 from transforms.pages.ranges import MAX_RANGES, page_ranges
 from transforms.pages.render import render_document
 from transforms.pages.timed import RenderLimits, RenderWorker, range_limit_s
@@ -54,22 +55,30 @@ def test_a_range_renders_its_pages_as_the_whole_document_does() -> None:
     assert len(part) == 3
 
 
-def test_a_range_gets_its_share_of_the_time_limit_and_fails_only_its_pages() -> None:
+def test_a_range_gets_its_share_of_the_time_limit_and_fails_only_its_pages(monkeypatch: pytest.MonkeyPatch) -> None:
     data = docmaker.multipage_pdf(8)
     unit = replace(_doc(8, data=data), first_page=4, end_page=8)
-    assert range_limit_s(unit, 8.0) == 4.0 and range_limit_s(_doc(8), 8.0) == 8.0
-    worker = RenderWorker(RenderLimits(document_timeout_s=8), first_page_then_hang)
+    assert range_limit_s(unit, 4.0) == 2.0 and range_limit_s(_doc(8), 4.0) == 4.0
+    deadlines: list[float] = []  # the document deadline of every wait for the child's next page
+
+    def spy(now: float, doc_deadline: float, page_deadline: float) -> float | None:
+        deadlines.append(doc_deadline)
+        return _wait_s(now, doc_deadline, page_deadline)
+
+    monkeypatch.setattr(timed, "_wait_s", spy)
+    worker = RenderWorker(RenderLimits(document_timeout_s=4), first_page_then_hang)
     try:
-        started = time.monotonic()
-        rows = list(worker.pages(unit, data, SETTINGS))
-        took = time.monotonic() - started
+        worker._boot()  # booted beforehand: the child's start is off the clock, so the deadline is exact
+        started = timed.time.monotonic()
+        rows = list(worker.pages(unit, data, SETTINGS, started))
     finally:
         worker.stop()
+    # Its share (half of the document's 4 s: 4 of its 8 pages), not the whole document's limit.
+    assert deadlines[0] == started + 2.0
     assert [r.page_index for r in rows] == [4, 5, 6, 7]
     assert isinstance(rows[0], PageImage)
     assert all(isinstance(r, PageRow) and r.reason_code == "timeout" for r in rows[1:])
-    assert "pages 5-8 of 8 had 4 s" in rows[1].message
-    assert 3.5 < took < 7.5  # its share (4 s), not the document's 8 s
+    assert "pages 5-8 of 8 had 2 s" in rows[1].message
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
