@@ -109,6 +109,10 @@ def test_the_canonical_form_is_pinned() -> None:
     only on purpose (docs/extraction.md says the first run after such a change re-extracts)."""
     assert canonical(OcrSettings(lang="deu", timeout_s=5.0), "t", (1, 2.5), None) == \
         '[{"OcrSettings":{"lang":"deu","psm":3}},"t",[1,2.5],null]'
+    # The key is the plain sha256 of that form: sha256('[{"OcrSettings":{"lang":"deu","psm":3}}]'), derived once
+    # with hashlib by hand (a salted or otherwise changed hash fails here).
+    assert settings_key(OcrSettings(lang="deu", timeout_s=5.0)) == \
+        "8ccff2006f95c52273024f956cd70f924182f5be6f3f722358a1c0a4fc3a6e6a"
 
 
 def test_a_setting_without_a_canonical_form_is_refused() -> None:

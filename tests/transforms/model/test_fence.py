@@ -10,12 +10,15 @@ from typing import Any
 
 import pytest
 
+from tests.transforms.model.test_prompt import extract_config
 from transforms.hints.choose import HintSettings, choose_hint
+from transforms.model import prompt
 from transforms.model.prompt import (
     HINT_CLOSE,
     HINT_OPEN,
     chat_messages,
     clean_hint,
+    config_key,
     prompt_template_hash,
     user_text,
 )
@@ -53,16 +56,22 @@ def test_hints_are_normalised_before_scanning_and_cleaning() -> None:
     assert "PAGE_TEXT" not in choice.hint.upper() and "prompt_injection" in choice.flags
 
 
-def test_fence_marker_depends_on_the_hint_and_is_not_in_the_cache_key() -> None:
+def test_fence_marker_depends_on_the_hint_and_is_not_in_the_cache_key(monkeypatch: pytest.MonkeyPatch) -> None:
     texts = [user_text(SCHEMA, "Total 12.00"), user_text(SCHEMA, "Total 12.01"), user_text(SCHEMA, "Total 12.00")]
     markers = [re.search(r"<<<(PAGE_TEXT-[0-9a-f]{16})\n", t).group(1) for t in texts]  # type: ignore[union-attr]
     assert markers[0] != markers[1] and markers[0] == markers[2]  # unpredictable from outside, reproducible
     for text, marker, hint in zip(texts, markers, ("Total 12.00", "Total 12.01", "Total 12.00"), strict=True):
         assert text.count(marker) == 3  # named in the instruction, then open and close
         assert text.endswith(f"<<<{marker}\n{hint}\n{marker}>>>")
-    # The template, not the marker of one request, is what the cache configuration hashes.
+    # The template, not the marker of one request, is what the cache configuration hashes: another marker
+    # scheme changes the prompt and leaves the keys as they were; another template changes them.
     assert "{marker}" in HINT_OPEN and "{marker}" in HINT_CLOSE
-    assert prompt_template_hash() == prompt_template_hash()
+    keys = (prompt_template_hash(), config_key(extract_config()))
+    monkeypatch.setattr(prompt, "fence_marker", lambda hint: "PAGE_TEXT-ffffffffffffffff")
+    assert user_text(SCHEMA, "Total 12.00") != texts[0]
+    assert (prompt_template_hash(), config_key(extract_config())) == keys
+    monkeypatch.setattr(prompt, "HINT_CLOSE", "{marker} >>>")
+    assert prompt_template_hash() != keys[0] and config_key(extract_config()) != keys[1]
 
 
 def test_document_cannot_close_a_fence_it_has_not_seen() -> None:
