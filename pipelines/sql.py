@@ -2,15 +2,16 @@
 
 Read-only by construction: the tables are pyarrow datasets registered before DuckDB's file access is
 switched off and its configuration locked, so a query can read the views and nothing else (no
-`read_text`, no `COPY ... TO`, no `ATTACH`, no extensions). Values printed to a terminal or written as
-CSV come from documents, so they are escaped (control characters) or neutralised (spreadsheet formulas).
+`read_text`, no `COPY ... TO`, no `ATTACH`, no extensions). Values printed to a terminal come from
+documents, so every format escapes what could drive the terminal (transforms/text_safety.py) and CSV also
+neutralises spreadsheet formulas. Files (`pagemill export`) get the values as they are, formulas neutralised.
 """
 from __future__ import annotations
 
 import csv
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import duckdb
@@ -18,8 +19,10 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
+from pipelines import typed_views
 from pipelines.storage import StorageConfig, arrow_filesystem
 from schemas import layout, tables
+from transforms.text_safety import terminal_safe
 
 # Cell text that a spreadsheet would run as a formula (OWASP's list: = + - @, and tab / CR before them).
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
@@ -59,11 +62,12 @@ def runs_table(fs: pafs.FileSystem, root: str, tenant: str | None = None) -> pa.
 
 
 def connect(output: str, storage: StorageConfig | None = None, tenant: str | None = None,
-            read_only: bool = True) -> duckdb.DuckDBPyConnection:
+            read_only: bool = True, typed: bool = True) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with views `documents`, `pages`, `ledger` (latest row per key), their raw
     rows `documents_all`, `pages_all`, `ledger_all`, and `runs`, over every run under `output`, local or
-    s3://. With `tenant`, every view holds that tenant's rows only: only its partitions are listed and
-    each dataset is filtered on the `tenant` column too. The tables are pyarrow datasets registered in
+    s3://; with `typed`, also a typed view per extraction schema (pipelines/typed_views.py). With `tenant`,
+    every view holds that tenant's rows only: only its partitions are listed and each dataset is filtered
+    on the `tenant` column too. The tables are pyarrow datasets registered in
     DuckDB, which needs no httpfs extension. A table with no files yet is an empty view of the right
     shape, so queries work before the first run. `read_only`: file access off, configuration locked."""
     fs, root = arrow_filesystem(output, storage or StorageConfig())
@@ -79,7 +83,10 @@ def connect(output: str, storage: StorageConfig | None = None, tenant: str | Non
         keys = ", ".join(layout.TABLE_KEYS[table])
         con.execute(f"CREATE VIEW {table} AS SELECT * FROM {table}_all "
                     f"QUALIFY row_number() OVER (PARTITION BY {keys} ORDER BY created_at DESC) = 1")
-    con.register("runs", runs_table(fs, root, tenant))
+    runs = runs_table(fs, root, tenant)
+    con.register("runs", runs)
+    if typed:
+        typed_views.create(con, runs.column("manifest").to_pylist())
     if read_only:
         lock(con)
     return con
@@ -126,12 +133,8 @@ def error_line(err: Exception) -> str:
 def render(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str) -> str:
     if fmt == "json":  # json.dumps escapes every control character
         return json.dumps([dict(zip(columns, r, strict=True)) for r in rows], default=str, indent=1)
-    if fmt == "csv":
-        buf = io.StringIO()
-        writer = csv.writer(buf, lineterminator="\n")
-        writer.writerow([csv_cell(c) for c in columns])
-        writer.writerows([csv_cell(v) for v in r] for r in rows)
-        return buf.getvalue().rstrip("\n")
+    if fmt == "csv":  # for a terminal: `pagemill export` writes a CSV file with the values as they are
+        return csv_text(columns, ([_terminal_value(v) for v in r] for r in rows)).rstrip("\n")
     names = [terminal_safe(c) for c in columns]
     cells = [[_cell(v) for v in r] for r in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(names)]
@@ -142,15 +145,20 @@ def render(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str) -> s
     return "\n".join(lines)
 
 
-def terminal_safe(text: str) -> str:
-    """Control characters (ESC, CR, BEL, ... and C1, DEL, line/paragraph separators) as Python escapes,
-    so a document-derived string cannot move the cursor, retitle the terminal or hide a line."""
-    return "".join(c.encode("unicode_escape").decode("ascii") if _control(c) else c for c in text)
+def csv_text(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """CSV with a header; each text cell that starts like a formula neutralised (`csv_cell`)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow([csv_cell(c) for c in columns])
+    writer.writerows([csv_cell(v) for v in r] for r in rows)
+    return buf.getvalue()
 
 
-def _control(c: str) -> bool:
-    code = ord(c)
-    return code < 0x20 or 0x7F <= code < 0xA0 or c in "\u2028\u2029\u200e\u200f\u202a\u202b\u202c\u202d\u202e"
+def _terminal_value(value: Any) -> Any:
+    """A value printed in CSV: text (and lists, structs, dates as text) escaped by `terminal_safe`."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    return terminal_safe(str(value))
 
 
 def csv_cell(value: Any) -> Any:
