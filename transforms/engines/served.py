@@ -5,13 +5,15 @@ the same PageEngine protocol, so the same streaming stage (transforms/engines/fe
 no barrier: each page becomes one `POST {endpoint}/chat/completions` as it arrives, at most
 `concurrency` in flight, sent from one asyncio event loop in a background thread (httpx).
 
-The request is the offline engine's prompt: the same system message, the same user text (schema and
-fenced hint) and the page image at the chosen detail as a JPEG data URL; the schema goes as
-`response_format` json_schema, plus vLLM's own `structured_outputs` when /models says the server is
-vLLM. The server holds the tokenizer and the chat template, so the prompt is not counted here:
-a prompt over the server's context length comes back as HTTP 400, which becomes `over_token_budget`.
-Token counts come from the response's `usage`: prompt_tokens is split into image tokens (the
---model-family estimator on the image as sent, capped at prompt_tokens) and text tokens (the rest).
+The request is the offline engine's prompt (transforms/engines/served_prompt.py: the same system message,
+the same user text, its hint without the model's control tokens, and the page image at the chosen detail
+as a JPEG data URL); the schema goes as `response_format` json_schema, plus vLLM's own
+`structured_outputs` when /models says the server is vLLM. The server holds the tokenizer and the chat
+template, so the prompt is not counted here: a prompt over the server's context length comes back as
+HTTP 400, which becomes `over_token_budget`. The answer is untrusted (transforms/engines/served_answer.py:
+read up to a cap derived from max_tokens, its shape and usage counts checked, else `invalid_response`).
+Token counts come from its `usage`: prompt_tokens is split into image tokens (the --model-family
+estimator on the image as sent, capped at prompt_tokens) and text tokens (the rest).
 
 Faults, per try: 429, 408, 5xx and lost connections are retried with exponential backoff and
 jitter, waiting at least what `Retry-After` asks; when the tries run out the page ends as a row with
@@ -26,12 +28,9 @@ was busy with it; the ledger prices that at --gpu-hourly-usd for a self-hosted s
 from __future__ import annotations
 
 import asyncio
-import base64
 import email.utils
-import io
 import itertools
 import logging
-import os
 import random
 import re
 import threading
@@ -41,11 +40,19 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from transforms.engines.local import Completion, EngineOutput, Sample
-from transforms.model import budget
-from transforms.model.prompt import SYSTEM_PROMPT, decoding, strip_controls, user_text
-from transforms.pages.render import decode_rgb
-from transforms.pages.sizes import low_detail_size, resize_for_detail
+from transforms.engines.local import Completion
+from transforms.engines.served_answer import (
+    ERROR_BODY_BYTES,
+    RequestFailed,
+    answer_cap,
+    answer_data,
+    completion_output,
+    read_capped,
+)
+from transforms.engines.served_endpoint import auth_headers, base_url, model_list
+from transforms.engines.served_prompt import build_request
+from transforms.model.prompt import decoding
+from transforms.text_safety import redact_url
 
 if TYPE_CHECKING:
     from schemas.extraction import ExtractionSchema
@@ -73,59 +80,6 @@ class EndpointSettings:
     @property
     def base_url(self) -> str:
         return base_url(self.endpoint)
-
-
-class RequestFailed(ValueError):
-    """One request failed for good (after its retries), with the reason code its page row gets. A
-    ValueError: the request failed, not the engine; the feed does not restart anything for it."""
-
-    def __init__(self, reason_code: str, message: str) -> None:
-        super().__init__(message)
-        self.reason_code = reason_code
-
-
-def base_url(endpoint: str) -> str:
-    """The API root: `http://h:8000` and `http://h:8000/v1/` both give `http://h:8000/v1`. Pure."""
-    url = endpoint.rstrip("/")
-    rest = url.partition("://")[2]
-    return url if "/" in rest else f"{url}/v1"
-
-
-def auth_headers(api_key_env: str | None, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    key = environ.get(api_key_env) if api_key_env else None
-    return {"Authorization": f"Bearer {key}"} if key else {}
-
-
-def page_image(image: bytes, width: int, height: int, detail_side: int) -> tuple[str, int, int]:
-    """The page as sent: a JPEG data URL at the chosen detail, and its size. The page stage's JPEG goes as
-    it is when no resize is needed (no second encode)."""
-    size = low_detail_size(width, height, detail_side)
-    if size != (width, height):
-        img = resize_for_detail(decode_rgb(image), detail_side)
-        buf = io.BytesIO()
-        img.save(buf, format="JPEG", quality=90)
-        image, size = buf.getvalue(), img.size
-    return "data:image/jpeg;base64," + base64.b64encode(image).decode("ascii"), size[0], size[1]
-
-
-def chat_messages(schema: Mapping[str, Any], hint: str, image_url: str) -> list[dict[str, Any]]:
-    """transforms/model/prompt.py's messages in the OpenAI form: the image part as a data URL. Without the model's
-    tokenizer here, the hint loses the generic control-token shapes (the server's template does the rest)."""
-    hint = strip_controls(hint).strip() if hint else ""
-    return [{"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_url}},
-                                         {"type": "text", "text": user_text(schema, hint)}]}]
-
-
-def build_request(task: PageTask, cfg: ExtractConfig) -> Request:
-    """One page's request (messages, and the image tokens its usage is split by). Pure."""
-    from transforms.engines.feed import Request
-
-    page = task.page
-    url, width, height = page_image(page.image, page.width, page.height, page.detail_side)
-    image_tokens = budget.estimate_image_tokens(cfg.model_family, width, height)
-    request = {"messages": chat_messages(cfg.schema.schema, task.hint, url), "image_tokens": image_tokens}
-    return Request(request, 0, width, height)
 
 
 def sampling_body(schema: ExtractionSchema, max_tokens: int, attempt: int) -> dict[str, Any]:
@@ -187,17 +141,6 @@ def failure_reason(status: int | None, text: str) -> str:
     if status == 400 and any(s in low for s in ("context length", "max_model_len", "too long", "maximum context")):
         return "over_token_budget"
     return "engine_error"
-
-
-def completion_output(data: Mapping[str, Any], image_tokens: int) -> EngineOutput:
-    """A chat completion's response as the EngineOutput the stage reads, with token counts from `usage`. Pure."""
-    choice = data["choices"][0]
-    text = (choice.get("message") or {}).get("content") or ""
-    usage = data.get("usage") or {}
-    prompt, output = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-    image = min(image_tokens, prompt)
-    return EngineOutput(prompt_token_ids=[], outputs=[Sample(text, (), choice.get("finish_reason"))],
-                        token_counts=(image, prompt - image, output))
 
 
 class WallShares:
@@ -307,7 +250,7 @@ class OpenAIEngine:
             self._loop, self._thread = loop, thread
             self.starts += 1
             log.info("endpoint %s, model %s: %d requests in flight at most (vLLM server: %s)",
-                     self.endpoint.base_url, self.endpoint.model, self.endpoint.concurrency, self.vllm)
+                     redact_url(self.endpoint.base_url), self.endpoint.model, self.endpoint.concurrency, self.vllm)
             return loop
 
     async def _open(self) -> None:
@@ -315,21 +258,20 @@ class OpenAIEngine:
 
         n = max(1, self.endpoint.concurrency)
         self._slots = asyncio.Semaphore(n)
+        # identity: the answer is read raw, so its size cap holds for what is held (no decompression bomb)
         self._client = httpx.AsyncClient(
-            base_url=self.endpoint.base_url, headers=auth_headers(self.endpoint.api_key_env),
+            base_url=self.endpoint.base_url,
+            headers={**auth_headers(self.endpoint.api_key_env), "Accept-Encoding": "identity"},
             timeout=httpx.Timeout(self.endpoint.request_timeout_s, connect=min(10.0, self.endpoint.request_timeout_s)),
             limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))
 
     def _probe_vllm(self) -> bool:
         """Whether the server is vLLM (its /models entries say `owned_by: vllm`): it then gets vLLM's extras."""
-        import httpx
-
+        s = self.endpoint
         try:
-            r = httpx.get(self.endpoint.base_url + "/models", headers=auth_headers(self.endpoint.api_key_env),
-                          timeout=PROBE_TIMEOUT_S)
-            return any(m.get("owned_by") == "vllm" for m in r.json().get("data") or [])
+            return any(m.get("owned_by") == "vllm" for m in model_list(s.base_url, s.api_key_env, PROBE_TIMEOUT_S))
         except Exception as err:  # noqa: BLE001 - pre-flight checked the endpoint; a generic server then
-            log.warning("endpoint %s: /models: %s: %s", self.endpoint.base_url, type(err).__name__, err)
+            log.warning("endpoint %s: /models: %s: %s", redact_url(self.endpoint.base_url), type(err).__name__, err)
             return False
 
     async def _call(self, request: dict[str, Any], params: Any, future: Future[Completion]) -> None:
@@ -342,26 +284,37 @@ class OpenAIEngine:
         else:
             _settle(future, result=completion)
 
+    async def _exchange(self, body: Mapping[str, Any], cap: int) -> tuple[int, bytes, bool, Any]:
+        """One try: the status, the body read up to `cap` (an error's up to ERROR_BODY_BYTES), whether it was
+        read whole, and the headers. Leaving the stream unread closes its connection."""
+        assert self._client is not None
+        async with self._client.stream("POST", "/chat/completions", json=body) as response:
+            limit = cap if response.status_code == 200 else ERROR_BODY_BYTES
+            data, whole = await read_capped(response, limit)
+            return response.status_code, data, whole, response.headers
+
     async def _complete(self, request: dict[str, Any], params: Any) -> Completion:
         import httpx
 
         s = self.endpoint
         body = request_body(s.model, request, params, self.vllm)
+        max_tokens = int(body.get("max_tokens") or 0)
+        cap = answer_cap(max_tokens)
         assert self._slots is not None and self._client is not None
         async with self._slots:
             tries = 0
             while True:
                 if self._down is not None:
-                    raise RequestFailed("server_error", f"endpoint {s.base_url} is down: {self._down}")
+                    raise RequestFailed("server_error", f"endpoint {redact_url(s.base_url)} is down: {self._down}")
                 tries += 1
                 key = next(self._ids)
                 self._shares.begin(key)
                 status, text, retry_after = None, "", None
                 try:
-                    response = await asyncio.wait_for(self._client.post("/chat/completions", json=body),
-                                                      s.request_timeout_s)
-                    status, text = response.status_code, response.text
-                    retry_after = retry_after_seconds(response.headers.get("retry-after"), time.time())
+                    status, data, whole, headers = await asyncio.wait_for(self._exchange(body, cap),
+                                                                          s.request_timeout_s)
+                    text = "" if status == 200 else data.decode("utf-8", "replace")
+                    retry_after = retry_after_seconds(headers.get("retry-after"), time.time())
                 except (TimeoutError, httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout):
                     raise RequestFailed("engine_timeout", f"no answer within --request-timeout-s "
                                                           f"{s.request_timeout_s:g} (try {tries})") from None
@@ -370,8 +323,9 @@ class OpenAIEngine:
                 finally:
                     seconds = self._shares.end(key)
                 if status == 200:
-                    return Completion(completion_output(response.json(), int(request.get("image_tokens", 0))),
-                                      seconds)
+                    answer = answer_data(data, whole, headers.get("content-encoding", "").strip().lower(), cap)
+                    output = completion_output(answer, int(request.get("image_tokens", 0)), max_tokens)
+                    return Completion(output, seconds)
                 wait = retry_delay(status, retry_after, tries, s, random.random())
                 if wait is None:
                     what = f"HTTP {status}" if status is not None else "connection failed"

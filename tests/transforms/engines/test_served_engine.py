@@ -26,15 +26,15 @@ from transforms.engines.served import (
     EndpointSettings,
     OpenAIEngine,
     WallShares,
-    base_url,
-    build_request,
-    completion_output,
     failure_reason,
     request_body,
     retry_after_seconds,
     retry_delay,
     sampling_body,
 )
+from transforms.engines.served_answer import completion_output
+from transforms.engines.served_endpoint import base_url
+from transforms.engines.served_prompt import build_request
 from transforms.model import budget
 from transforms.model.extract import ExtractConfig
 from transforms.model.prompt import SYSTEM_PROMPT, user_text
@@ -102,11 +102,11 @@ def test_failure_reasons() -> None:
 def test_usage_is_split_into_image_and_text_tokens() -> None:
     data = {"choices": [{"message": {"content": "{}"}, "finish_reason": "length"}],
             "usage": {"prompt_tokens": 1000, "completion_tokens": 77}}
-    out = completion_output(data, image_tokens=300)
+    out = completion_output(data, image_tokens=300, max_tokens=256)
     assert out.token_counts == (300, 700, 77)
     assert (out.outputs[0].text, out.outputs[0].finish_reason) == ("{}", "length")
-    assert completion_output(data, image_tokens=5000).token_counts == (1000, 0, 77)  # never over prompt_tokens
-    assert completion_output({"choices": [{"message": {"content": None}}]}, 10).token_counts == (0, 0, 0)
+    assert completion_output(data, 5000, 256).token_counts == (1000, 0, 77)  # never over prompt_tokens
+    assert completion_output({"choices": [{"message": {"content": None}}]}, 10, 256).token_counts == (0, 0, 0)
 
 
 def test_request_is_the_offline_prompt_with_a_data_url() -> None:
