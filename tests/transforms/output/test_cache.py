@@ -2,7 +2,6 @@
 answered whole from the cache, resuming) and its Beam joins on small in-memory collections."""
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from transforms.output.cache import (
     document_from_cache,
     reusable,
 )
+from transforms.safety.gate import SafetyConfig
 
 DOC = DocumentRecord("s3://b/new.pdf", 100, "d" * 64, "pdf", 2)
 
@@ -102,26 +102,27 @@ def test_read_earlier_pages_keeps_only_reusable_rows(tmp_path: Path) -> None:
         assert_that(p | ReadEarlierPages([], "acme", "cfg"), equal_to([]))
 
 
-def skip_cached(earlier: beam.PCollection) -> beam.PTransform:
-    """SkipCachedDocuments with no blocklists (newer versions re-check reused pages against them)."""
-    if "safety" in inspect.signature(SkipCachedDocuments.__init__).parameters:
-        from transforms.safety.gate import SafetyConfig
-
-        return SkipCachedDocuments(earlier, SafetyConfig(nsfw_classifier="none"))  # type: ignore[call-arg]
-    return SkipCachedDocuments(earlier)  # type: ignore[call-arg]
-
-
-def test_skip_cached_documents_splits_rendering_from_cached_pages() -> None:
+def test_skip_cached_documents_splits_rendering_from_reused_pages_checked_against_todays_lists(
+        tmp_path: Path) -> None:
     partly = DocumentRecord("s3://b/partly.pdf", 10, "p" * 64, "pdf", 2)
     fresh = DocumentRecord("s3://b/fresh.pdf", 10, "f" * 64, "pdf", 1)
-    rows = [earlier(0), earlier(1), earlier(0, doc_sha256=partly.doc_sha256)]
+    listed = DocumentRecord("s3://b/listed.pdf", 10, "l" * 64, "pdf", 2)
+    rows = [earlier(0), earlier(1), earlier(0, doc_sha256=partly.doc_sha256),
+            earlier(0, doc_sha256=listed.doc_sha256, page_hash="0" * 64),
+            earlier(1, doc_sha256=listed.doc_sha256, page_hash="1" * 64)]
+    today = tmp_path / "today.txt"
+    today.write_text(f"sha256:{'1' * 64}\n")  # listed after the earlier run: page 1 of listed.pdf
+    safety = SafetyConfig(blocklists=(str(today),), nsfw_classifier="none")
     with BeamPipeline() as p:
-        docs = p | "Docs" >> beam.Create([DOC, partly, fresh])
-        out = docs | skip_cached(p | "Earlier" >> beam.Create(rows))
+        docs = p | "Docs" >> beam.Create([DOC, partly, fresh, listed])
+        out = docs | SkipCachedDocuments(p | "Earlier" >> beam.Create(rows), safety)
         assert_that(out.render | "RenderUris" >> beam.Map(lambda d: d.uri),
                     equal_to([partly.uri, fresh.uri]), label="render")
-        assert_that(out.cached | "CachedKeys" >> beam.Map(lambda r: (r.source_uri, r.page_index, r.status)),
-                    equal_to([(DOC.uri, 0, "cached"), (DOC.uri, 1, "cached")]), label="cached")
+        assert_that(out.cached | "CachedKeys" >> beam.Map(lambda r: (r.source_uri, r.page_index, r.status,
+                                                                     r.reason_code)),
+                    equal_to([(DOC.uri, 0, "cached", None), (DOC.uri, 1, "cached", None),
+                              (listed.uri, 0, "cached", None), (listed.uri, 1, "quarantined", "blocked_hash")]),
+                    label="cached")
 
 
 def test_skip_done_documents_drops_what_this_run_already_wrote(tmp_path: Path) -> None:
