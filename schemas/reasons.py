@@ -12,6 +12,7 @@ SYSTEM_REASONS = frozenset({
     "engine_error",        # the model raised (or could not start)
     "rate_limited",        # a served endpoint: HTTP 429 after the retries
     "server_error",        # a served endpoint: HTTP 5xx or unreachable after the retries
+    "invalid_response",    # a served endpoint: an answer over its size cap, misshapen, or with bad usage counts
     "engine_timeout",      # a served endpoint: no answer within --request-timeout-s
     "timeout",             # --document-timeout-s / --page-timeout-s stopped the work
     "safety_check_error",  # a safety check raised: the page is quarantined, fail closed

@@ -43,6 +43,8 @@ REASON_CODES = {
     "engine_error": "the engine raised on this request (after retries), or the endpoint refused it (HTTP 4xx)",
     "rate_limited": "the endpoint kept answering HTTP 429 after the retries (backoff, Retry-After honoured)",
     "server_error": "the endpoint kept answering HTTP 5xx, or could not be reached, after the retries",
+    "invalid_response": "the endpoint's answer is not one to this request: over its size cap (from --max-tokens), "
+                        "not a chat completion, or usage counts that are not counts (negative, absurd, non-integer)",
     "engine_timeout": "the endpoint did not answer within --request-timeout-s",
     "invalid_json": "model output is not JSON (after retries)",
     "schema_invalid": "model output is JSON but fails the schema (after retries)",
