@@ -3,6 +3,7 @@ outcomes, write), stage by stage, and nothing else. The stages' settings come bu
 (pipelines/settings.py)."""
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -14,7 +15,7 @@ from schemas.statuses import CACHED, REJECTED, RENDERED
 from transforms.engines.local import Engine
 from transforms.hints.choose import HintsDoFn, Ocr
 from transforms.intake.accept import IntakeDoFn
-from transforms.intake.dedup import DUPLICATES, DedupDocuments
+from transforms.intake.dedup import DUPLICATES, DedupDocuments, SkipEarlierWaves
 from transforms.intake.inspection import PageCounter, count_pages
 from transforms.intake.listing import ListObjects
 from transforms.intake.reading import ObjectReader
@@ -22,8 +23,7 @@ from transforms.intake.timed import TimedIntakeDoFn
 from transforms.model.extract import EngineFactory, ExtractPages  # vLLM is imported by workers only
 from transforms.output.cache import ReadEarlierPages, SkipCachedDocuments, SkipDoneDocuments
 from transforms.output.outcome import DocumentOutcomes
-from transforms.output.progress import ProgressDoFn
-from transforms.output.write import WriteTables
+from transforms.output.write import PART_PREFIX, WriteTables
 from transforms.pages.ranges import SplitPageRanges
 from transforms.pages.render import FAILED_PAGES, RenderPagesDoFn
 from transforms.pages.timed import TimedRenderPagesDoFn
@@ -49,8 +49,9 @@ def render_dofn(s: RunSettings, ocr: Ocr | None = None) -> RenderPagesDoFn:
 
 
 def rendered_only(page: PageImage) -> PageRow:
-    """A page of a render-only run (`--extract false`): accounted for, no model, no cost."""
-    return PageRow.of_page(page, RENDERED, route="none")
+    """A page of a render-only run (`--extract false`): accounted for, no model, no cost; it left the CPU
+    stages now (the extract stage stamps the pages it gets the same way)."""
+    return PageRow.of_page(page, RENDERED, route="none", rendered_at=page.rendered_at or dt.datetime.now(dt.UTC))
 
 
 def extract_pages(pages: beam.PCollection, s: RunSettings, earlier: beam.PCollection,
@@ -75,14 +76,20 @@ def build_pipeline(p: beam.Pipeline, s: RunSettings, run: Mapping[str, Any],
                    earlier_files: Sequence[str] = (), done_files: Sequence[str] = (),
                    modified_since: float | None = None, modified_until: float | None = None, *,
                    engine_factory: EngineFactory = Engine, ocr: Ocr | None = None,
-                   intake_count: PageCounter = count_pages) -> None:
+                   intake_count: PageCounter = count_pages, listing: beam.PTransform | None = None,
+                   earlier_kept: Sequence[str] = (), prefix: str = PART_PREFIX) -> None:
     """`s`: the run's settings (pipelines/settings.py). `earlier_files`: `pages` files under the output root
-    (the result cache; empty with --force); `done_files`: this run id's `documents` files when resuming.
-    `engine_factory` and `ocr` replace the vLLM engine and Tesseract (tests put probes there); `intake_count`
-    intake's page counter under the time limit (tests put a hanging one there)."""
+    (the result cache; empty with --force); `done_files`: this run id's (this wave's) `documents` files when
+    resuming. `engine_factory` and `ocr` replace the vLLM engine and Tesseract (tests put probes there);
+    `intake_count` intake's page counter under the time limit (tests put a hanging one there). A wave
+    (pipelines/waves.py) passes its `listing` (its part of the run's written listing), the `documents` files
+    of the run's earlier waves (`earlier_kept`: their kept copies make this wave's copies duplicates) and
+    its part files' `prefix`; without them the graph lists the inputs itself (one pipeline, `--wave-objects 0`).
+    Progress is watched by the launcher (transforms/output/progress.py), not by a step of the graph: a step
+    fed by side inputs runs after the stages that make them, at the end."""
     listed = (
         p
-        | "List" >> ListObjects(s.inputs, modified_since, modified_until)
+        | "List" >> (listing or ListObjects(s.inputs, modified_since, modified_until))
         | "SkipDone" >> SkipDoneDocuments(list(done_files))
     )
     intake = (listed | "Intake" >> beam.ParDo(intake_dofn(s, intake_count))
@@ -93,6 +100,10 @@ def build_pipeline(p: beam.Pipeline, s: RunSettings, run: Mapping[str, Any],
         | "DocumentGate" >> beam.ParDo(DocumentGateDoFn(s.safety)).with_outputs(QUARANTINED, main="clean")
     )
     dedup = gated.clean | "DedupDocuments" >> DedupDocuments()
+    duplicates = (dedup[DUPLICATES],)
+    if earlier_kept:
+        across = dedup.kept | "EarlierWaves" >> SkipEarlierWaves(earlier_kept)
+        dedup, duplicates = across, (*duplicates, across[DUPLICATES])
     to_render, cached = dedup.kept, None
     earlier = p | "NoEarlier" >> beam.Create([])
     if s.extract is not None and earlier_files:
@@ -120,14 +131,5 @@ def build_pipeline(p: beam.Pipeline, s: RunSettings, run: Mapping[str, Any],
     parts += (extracted,) + ((cached,) if cached is not None else ())
     pages = parts | "AllPages" >> beam.Flatten()
     kept = pages | "Outcomes" >> DocumentOutcomes(dedup.kept)
-    documents = (intake[REJECTED], gated[QUARANTINED], dedup[DUPLICATES], kept) | "AllDocuments" >> beam.Flatten()
-    _ = documents | "Write" >> WriteTables(s.output, run, pages, s.flush)
-    listed_count = listed | "CountListed" >> beam.combiners.Count.Globally()
-    pages_total = (dedup.kept | "PageCounts" >> beam.Map(lambda d: d.page_count)
-                   | "SumPages" >> beam.CombineGlobally(sum))
-    _ = (
-        (documents, pages)
-        | "Progress" >> beam.Flatten()
-        | "Report" >> beam.ParDo(ProgressDoFn(s.progress_every_s), listed=beam.pvalue.AsSingleton(listed_count),
-                                 pages_total=beam.pvalue.AsSingleton(pages_total))
-    )
+    documents = (intake[REJECTED], gated[QUARANTINED], *duplicates, kept) | "AllDocuments" >> beam.Flatten()
+    _ = documents | "Write" >> WriteTables(s.output, run, pages, s.flush, prefix)

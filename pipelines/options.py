@@ -81,6 +81,12 @@ class PagemillOptions(PipelineOptions):
         _flag(parser, "max_model_len", type=int, default=8192, help="engine context length, tokens")
         _flag(parser, "max_tokens", type=int, default=1024, help="output token cap per page")
         _flag(parser, "max_attempts", type=int, default=2, help="attempts per page before it is failed")
+        _flag(parser, "answer_timeout_s", type=float, default=0.0,
+              help="wall-clock limit of one answer on any engine (0: none); over it the request is aborted "
+                   "and the page ends `engine_timeout`")
+        _flag(parser, "prompt_layout", default="shared_first", choices=("shared_first", "image_first"),
+              help="shared_first: system prompt and schema before the page's image and hint (prefix-cached "
+                   "once a run); image_first: the image first (prompt version 3's order)")
         _flag(parser, "gpu_memory_utilization", type=float, default=0.90, help="passed to vllm.LLM")
         _flag(parser, "tensor_parallel_size", type=int, default=1, help="passed to vllm.LLM")
         _flag(parser, "max_num_seqs", type=int, default=256, help="passed to vllm.LLM")
@@ -111,7 +117,8 @@ class PagemillOptions(PipelineOptions):
               help="--engine openai: served (self-hosted: --gpu-hourly-usd x wall time, route `served`) or "
                    "hosted (list price of --api-price, route `api:<provider>`)")
         _flag(parser, "workers", type=int, default=0,
-              help="worker processes of a local (DirectRunner) run: 0 = one a core, 1 = in this process; "
+              help="worker processes of a local (DirectRunner) run: 0 = one a core (in this process when the "
+                   "listing is small: at most 32 objects and 2 MiB), 1 = in this process; "
                    "Beam's --direct_running_mode / --direct_num_workers, when given, win")
         # Safety gate (transforms/safety/gate.py) and hints (transforms/hints/choose.py).
         _flag(parser, "blocklist", action="append", default=None,
@@ -135,7 +142,11 @@ class PagemillOptions(PipelineOptions):
         # Cost.
         _flag(parser, "gpu_hourly_usd", type=float, default=2.50, help="your GPU's hourly cost, for the ledger")
         _flag(parser, "api_price", default="gpt-4o", help="hosted API whose list price the ledger compares")
-        _flag(parser, "progress_every_s", type=float, default=5.0, help="seconds between progress lines")
+        _flag(parser, "progress_every_s", type=float, default=5.0,
+              help="seconds between progress lines, printed while the run works (0: none)")
+        _flag(parser, "wave_objects", type=int, default=2000,
+              help="list the inputs once under the run, then process them in waves of this many objects, one "
+                   "bounded pipeline each (0: one pipeline over the whole listing)")
         # Writing as the run goes: what a kill can lose, per writer, against how many files a run makes.
         _flag(parser, "flush_rows", type=int, default=500, help="write a Parquet file every this many rows (0: off)")
         _flag(parser, "flush_seconds", type=float, default=10.0,
@@ -307,10 +318,34 @@ def local_workers_flags(flags: Sequence[str], cores: int) -> list[str]:
     standard = options.view_as(StandardOptions)
     if standard.streaming or (standard.runner or "DirectRunner") not in ("DirectRunner", "direct"):
         return []
-    workers = options.view_as(PagemillOptions).workers or cores
-    if workers <= 1:
+    workers = options.view_as(PagemillOptions).workers
+    if workers == 1 or (workers == 0 and cores <= 1):
         return []
+    # `--workers 0` leaves the count to the run (0: resolve_local_workers), which knows the listing.
     return [f"{DIRECT_FLAGS[0]}=multi_processing", f"{DIRECT_FLAGS[1]}={workers}"]
+
+
+# A run this small does not start a worker pool (~5 s of process starts on 2 cores): it runs in process.
+SMALL_RUN_OBJECTS, SMALL_RUN_BYTES = 32, 2 * 2**20
+
+
+def small_run(objects: int, total_bytes: int) -> bool:
+    """Pure: few objects and few bytes (pages are not known before intake; bytes bound them loosely)."""
+    return objects <= SMALL_RUN_OBJECTS and total_bytes <= SMALL_RUN_BYTES
+
+
+def resolve_local_workers(options: PipelineOptions, cores: int, small: bool) -> None:
+    """`--direct_num_workers=0` (`--workers 0`, or Beam's own "all cores"): a small run in this process,
+    else one worker process a usable core. Any other choice is left as given."""
+    from apache_beam.options.pipeline_options import DirectOptions
+
+    direct = options.view_as(DirectOptions)
+    if direct.direct_running_mode != "multi_processing" or direct.direct_num_workers != 0:
+        return
+    if small or cores <= 1:
+        direct.direct_running_mode, direct.direct_num_workers = "in_memory", 1
+    else:
+        direct.direct_num_workers = cores
 
 
 def _resolve_paths(value: Any, base: Path, always: bool) -> Any:

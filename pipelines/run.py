@@ -15,18 +15,27 @@ SINCE_LAST_RUN_OVERLAP_S = 3600
 def run(options: Any, storage: Any) -> int:
     """Run the pipeline `options` describe (PipelineOptions holding PagemillOptions) over `storage`
     (pipelines/storage.py); the exit code (pipelines/exit_codes.py), 2 when an option or check fails."""
-    import apache_beam as beam
     from apache_beam.options.pipeline_options import GoogleCloudOptions
 
-    from pipelines import graph  # looked up at call time: tests put a failing builder there
+    from pipelines.cli import usable_cores
     from pipelines.exit_codes import exit_code
     from pipelines.manifest import build_manifest, manifest_options, run_counts, write_manifest
     from pipelines.option_checks import check_options
-    from pipelines.options import PagemillOptions, check_identifiers, new_run_id
+    from pipelines.options import (
+        PagemillOptions,
+        check_identifiers,
+        new_run_id,
+        resolve_local_workers,
+        small_run,
+    )
     from pipelines.preflight import preflight
+    from pipelines.retries import settle
     from pipelines.settings import run_settings
     from pipelines.storage import configure
-    from transforms.output.run_root import clear_run, compact_run, run_files, tenant_files
+    from pipelines.waves import listing_for, run_waves
+    from transforms.intake.listing_file import clear_listing
+    from transforms.output.progress import ProgressWatcher
+    from transforms.output.run_root import clear_run, run_tenants
 
     o = options.view_as(PagemillOptions)
     job_name = options.view_as(GoogleCloudOptions).job_name
@@ -44,19 +53,23 @@ def run(options: Any, storage: Any) -> int:
     since, until = listing_window(o, job_name, storage)
     if o.force:
         clear_run(o.output, o.tenant, o.run_id)
-    done_files = run_files(o.output, "documents", o.tenant, o.run_id)
-    resumed = bool(done_files or run_files(o.output, "pages", o.tenant, o.run_id))
-    earlier_files = [] if o.force else tenant_files(o.output, "pages", o.tenant)  # the result cache's source
+        clear_listing(layout.listing_folder(o.output, o.tenant, o.run_id))
+    before = run_counts(o.output, o.run_id, storage, o.tenant) if run_tenants(o.output, o.run_id) else None
     started = dt.datetime.now(dt.UTC)
     run = {"run_id": o.run_id, "tenant": o.tenant, "created_at": started}
-    verb = "resuming" if resumed else "reading"
+    verb = "resuming" if before else "reading"
     print(f"pagemill: run {o.run_id}: {verb} {', '.join(o.input)}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    pipeline = beam.Pipeline(options=options)
-    graph.build_pipeline(pipeline, run_settings(o), run, earlier_files, done_files, since, until)
+    listing = listing_for(o, since, until)
+    # The listing tells a small run before any worker starts; the engine's service follows the workers.
+    resolve_local_workers(options, usable_cores(), listing is not None and small_run(listing.objects, listing.bytes))
+    settings = run_settings(o)
+    watcher = ProgressWatcher(o.output, o.tenant, o.run_id, o.progress_every_s, listing and listing.objects,
+                              listing and listing.waves)
     try:
-        result = pipeline.run()
-        result.wait_until_finish()
+        with watcher:
+            waves, metrics = run_waves(options, settings, run, listing, since, until, o.force,
+                                       on_wave=lambda wave: setattr(watcher, "wave", wave))
     except Exception as err:  # noqa: BLE001 - one clear line; the runner has logged the traceback
         from transforms.output.run_root import run_failure
 
@@ -65,16 +78,14 @@ def run(options: Any, storage: Any) -> int:
         print(f"pagemill: run {o.run_id} failed: {run_failure(err)}; the rows written so far are kept: "
               f"fix the cause and run the same command with --run-id {o.run_id} to resume", file=sys.stderr)
         return 1
-    if resumed:
-        compact_run(o.output, o.tenant, o.run_id)
     wall = time.perf_counter() - t0
-    counts = run_counts(o.output, o.run_id, storage, o.tenant)
-    manifest = build_manifest(o.run_id, manifest_options(options), counts, stage_metrics(result),
-                              started, dt.datetime.now(dt.UTC))
+    counts, retried = settle(o.output, o.tenant, o.run_id, storage)
+    manifest = build_manifest(o.run_id, manifest_options(options), counts, metrics, started, dt.datetime.now(dt.UTC))
     code, why = exit_code(counts, o.max_failed_fraction)  # rows are written: now judge them
-    manifest.update(resumed=resumed, exit_code=code, exit_reason=why)
+    manifest.update(resumed=bool(before), exit_code=code, exit_reason=why, retried_rows=retried,
+                    waves=waves.as_dict(), this_invocation=invocation(counts, before))
     uri = write_manifest(o.output, o.run_id, manifest)
-    print(summary(counts, wall, o.output, uri))
+    print(summary(counts, wall, o.output, uri, manifest["this_invocation"], waves))
     if o.write_markdown:
         from pipelines.markdown_files import write_markdown
 
@@ -84,6 +95,18 @@ def run(options: Any, storage: Any) -> int:
         print(f"pagemill run: error: {error}", file=sys.stderr)
     print(f"pagemill: exit {code}: {why}", file=sys.stderr if code else sys.stdout)
     return code
+
+
+def invocation(counts: dict[str, Any], before: dict[str, Any] | None) -> dict[str, int]:
+    """Pure: what this invocation added to the run (a resume adds to what its killed attempts wrote)."""
+    def figures(c: dict[str, Any] | None) -> dict[str, int]:
+        if c is None:
+            return {"documents": 0, "pages": 0, "model_calls": 0}
+        return {"documents": int(c["documents"]), "pages": int(c["totals"]["pages"]),
+                "model_calls": int(c["totals"]["model_calls"])}
+
+    now, then = figures(counts), figures(before)
+    return {k: max(0, now[k] - then[k]) for k in now}
 
 
 def run_id_taken(output: str, tenant: str, run_id: str) -> list[str]:
@@ -124,27 +147,16 @@ def listing_window(o: Any, job_name: str | None, storage: Any) -> tuple[float | 
     return since, until
 
 
-def stage_metrics(result: Any) -> dict[str, Any]:
-    """Counters and time distributions from Beam's metrics (every runner reports them)."""
-    out: dict[str, Any] = {}
-    try:
-        queried = result.metrics().query()
-    except Exception:  # noqa: BLE001 - some runners cannot report metrics; the manifest says so
-        return {"unavailable": True}
-    for counter in queried.get("counters", []):
-        out[counter.key.metric.name] = out.get(counter.key.metric.name, 0) + counter.committed
-    for dist in queried.get("distributions", []):
-        d = dist.committed
-        if d is not None and d.count:
-            out[dist.key.metric.name] = {"count": d.count, "sum": d.sum, "mean": round(d.sum / d.count, 3),
-                                         "max": d.max}
-    return out
-
-
-def summary(counts: dict[str, Any], wall: float, output: str, manifest_uri: str) -> str:
+def summary(counts: dict[str, Any], wall: float, output: str, manifest_uri: str,
+            this: dict[str, int] | None = None, waves: Any = None) -> str:
+    """The closing lines: what this invocation did (`this`, from `invocation`), then what the run holds."""
     pages = counts["totals"]["pages"]
-    lines = [f"pagemill: {counts['documents']} documents, {pages} pages in {wall:.1f} s "
-             f"({pages / max(wall, 1e-9):.2f} pages/s)"]
+    did = this or {"documents": counts["documents"], "pages": pages, "model_calls": counts["totals"]["model_calls"]}
+    lines = [f"pagemill: this invocation: {did['documents']} documents, {did['pages']} pages in {wall:.1f} s "
+             f"({did['pages'] / max(wall, 1e-9):.2f} pages/s), model calls {did['model_calls']}"
+             + (f", waves run {len(waves.ran)} of {waves.total} ({len(waves.skipped)} finished before)"
+                if waves is not None and waves.total > 1 else "")]
+    lines.append(f"  the run:  {counts['documents']} documents, {pages} pages")
     lines.append("  outcomes: " + ", ".join(f"{k} {v}" for k, v in counts["outcomes"].items()))
     if counts["reject_reasons"]:
         lines.append("  reasons:  " + ", ".join(f"{k} {v}" for k, v in counts["reject_reasons"].items()))

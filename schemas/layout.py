@@ -40,6 +40,11 @@ def part_glob(output: str, table: str, tenant: str = "*", run_id: str = "*") -> 
     return join_uri(partition(output, table, tenant, run_id), "*" + PART_SUFFIX)
 
 
+def listing_folder(output: str, tenant: str, run_id: str) -> str:
+    """A run's durable listing, written once and read in waves (transforms/intake/listing_file.py)."""
+    return join_uri(output, "listings", f"tenant={tenant}", f"run_id={run_id}")
+
+
 def markdown_folder(output: str, tenant: str) -> str:
     """`--write-markdown`: one `<doc_sha256>.md` a document, per tenant (a document's file spans runs)."""
     return join_uri(output, "markdown", f"tenant={tenant}")

@@ -5,12 +5,13 @@ crosses the shuffle; the bytes are read again by the page stage.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import apache_beam as beam
 
 from schemas.records import DocumentRecord, DocumentRow
-from schemas.statuses import DUPLICATE
+from schemas.statuses import DUPLICATE, REJECTED
 
 DUPLICATES = "duplicates"
 
@@ -19,13 +20,7 @@ def split_duplicates(copies: Iterable[DocumentRecord]) -> tuple[DocumentRecord, 
     """The copy to keep, and a `duplicate` row for each of the others. Pure."""
     ordered = sorted(copies, key=lambda d: d.uri)
     kept, others = ordered[0], ordered[1:]
-    rows = [
-        DocumentRow(source_uri=d.uri, bytes=d.size, outcome=DUPLICATE, doc_sha256=d.doc_sha256,
-                    format=d.format, page_count=d.page_count, duplicate_of=kept.uri,
-                    message=f"same bytes as {kept.uri}")
-        for d in others
-    ]
-    return kept, rows
+    return kept, [duplicate_row(d, kept.uri) for d in others]
 
 
 class _SplitDuplicates(beam.DoFn):
@@ -46,3 +41,69 @@ class DedupDocuments(beam.PTransform):
             | "Group" >> beam.GroupByKey()
             | "Split" >> beam.ParDo(_SplitDuplicates()).with_outputs(DUPLICATES, main="kept")
         )
+
+
+# Outcomes of documents that were never a dedup's kept copy (a copy of them is rejected or is a duplicate too).
+NOT_KEPT = frozenset({DUPLICATE, REJECTED})
+
+
+def kept_by_sha(rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Pure: doc_sha256 -> the URI of the copy that an earlier wave kept (the smallest URI: waves are in
+    URI order), from that wave's `documents` rows."""
+    kept: dict[str, str] = {}
+    for row in rows:
+        sha = row.get("doc_sha256")
+        if sha and row.get("outcome") not in NOT_KEPT and (sha not in kept or row["source_uri"] < kept[sha]):
+            kept[sha] = row["source_uri"]
+    return kept
+
+
+def read_kept(files: Sequence[str]) -> dict[str, str]:
+    """The earlier waves' kept copies, read from their `documents` files (three columns only)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from apache_beam.io.filesystems import FileSystems
+
+    kept: dict[str, str] = {}
+    for path in files:
+        with FileSystems.open(path) as handle:
+            table = pq.read_table(pa.BufferReader(handle.read()), columns=["doc_sha256", "source_uri", "outcome"])
+        for sha, uri in kept_by_sha(table.to_pylist()).items():
+            if sha not in kept or uri < kept[sha]:
+                kept[sha] = uri
+    return kept
+
+
+def duplicate_row(doc: DocumentRecord, kept_uri: str) -> DocumentRow:
+    return DocumentRow(source_uri=doc.uri, bytes=doc.size, outcome=DUPLICATE, doc_sha256=doc.doc_sha256,
+                       format=doc.format, page_count=doc.page_count, duplicate_of=kept_uri,
+                       message=f"same bytes as {kept_uri}")
+
+
+class _SkipEarlierKept(beam.DoFn):
+    def __init__(self, files: Sequence[str]) -> None:
+        self.files = list(files)
+
+    def setup(self) -> None:
+        # Once per worker process: a sha and a URI per document kept so far in the run (~0.2 KB each).
+        self.kept = read_kept(self.files)
+
+    def process(self, doc: DocumentRecord) -> Iterator[object]:
+        earlier = self.kept.get(doc.doc_sha256)
+        if earlier is None or earlier == doc.uri:
+            yield doc
+        else:
+            yield beam.pvalue.TaggedOutput(DUPLICATES, duplicate_row(doc, earlier))
+
+
+class SkipEarlierWaves(beam.PTransform):
+    """A wave's kept DocumentRecords -> those no earlier wave of the run kept (main), and a `duplicate` row
+    (tag `duplicates`) for each copy of a document that an earlier wave kept: dedup stays global across
+    waves. `files`: the earlier waves' `documents` files."""
+
+    def __init__(self, files: Sequence[str]) -> None:
+        super().__init__()
+        self.files = list(files)
+
+    def expand(self, docs: beam.PCollection) -> beam.pvalue.DoOutputsTuple:
+        return docs | "EarlierKept" >> beam.ParDo(_SkipEarlierKept(self.files)).with_outputs(DUPLICATES, main="kept")

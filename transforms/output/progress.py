@@ -1,50 +1,124 @@
-"""Progress: a line every few seconds on a worker's stderr, and the same figures as Beam counters."""
+"""Progress while a run works: the launching process watches what the run has written (its part files under
+the output root) and prints a line every `--progress-every-s`. It needs nothing from the runner, so it works
+the same on the DirectRunner, a portable runner or Dataflow; the workers count the same figures as Beam
+counters (`pagemill/documents_done`, `pagemill/pages_done`: transforms/output/write.py).
+
+A step of the graph cannot do this: in a batch runner a step fed by side inputs (the listed count, the
+pages total) runs after the stages that make them, so its lines came at the end.
+"""
 from __future__ import annotations
 
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO
 
-import apache_beam as beam
-from apache_beam.metrics import Metrics
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
 
-from schemas.records import DocumentRow, PageRow
-
-
-class ProgressDoFn(beam.DoFn):
-    """A progress line every few seconds (documents and pages done of those listed, pages/s, ETA) on
-    this worker's stderr, and the same figures as Beam counters, which every runner reports."""
-
-    def __init__(self, every_s: float) -> None:
-        self.every_s = every_s
-        self.pages_done = Metrics.counter("pagemill", "pages_done")
-        self.documents_done = Metrics.counter("pagemill", "documents_done")
-
-    def setup(self) -> None:
-        self.pages = 0
-        self.documents = 0
-        self.started = time.monotonic()
-        self.last = self.started
-
-    def process(self, row: DocumentRow | PageRow, listed: int = 0, pages_total: int = 0) -> Iterator[None]:
-        if isinstance(row, PageRow):
-            self.pages += 1
-            self.pages_done.inc()
-        else:
-            self.documents += 1
-            self.documents_done.inc()
-        now = time.monotonic()
-        if self.every_s > 0 and now - self.last >= self.every_s:
-            self.last = now
-            print("pagemill: " + progress_line(self.documents, listed, self.pages, pages_total, now - self.started),
-                  file=sys.stderr, flush=True)
-        return iter(())
+from schemas import layout
 
 
-def progress_line(documents: int, listed: int, pages: int, pages_total: int, seconds: float) -> str:
-    """Pure: e.g. `3/10 documents, 40/120 pages, 2.0 pages/s, ETA 40 s`."""
-    rate = pages / max(seconds, 1e-9)
-    line = f"{documents}/{listed} documents, {pages}/{pages_total} pages, {rate:.1f} pages/s"
-    if rate > 0 and pages_total > pages:
-        line += f", ETA {(pages_total - pages) / rate:.0f} s"
+@dataclass(frozen=True)
+class Progress:
+    """What a progress line says: rows on disk, of those known, and this invocation's share."""
+
+    documents: int
+    listed: int | None  # None: not known before the run (`--wave-objects 0` lists inside the pipeline)
+    pages: int
+    seconds: float  # since this invocation started
+    documents_before: int = 0  # rows on disk when this invocation started (a resume)
+    pages_before: int = 0
+    wave: int | None = None  # 0-based
+    waves: int | None = None
+
+
+def progress_line(p: Progress) -> str:
+    """Pure: e.g. `wave 2/8: 1500/8000 documents, 1620 pages, 40.0 pages/s, ETA 160 s`."""
+    seconds = max(p.seconds, 1e-9)
+    rate = (p.pages - p.pages_before) / seconds
+    line = f"{p.documents}/{p.listed} documents" if p.listed is not None else f"{p.documents} documents"
+    line += f", {p.pages} pages, {rate:.1f} pages/s"
+    doc_rate = (p.documents - p.documents_before) / seconds
+    if p.listed is not None and doc_rate > 0 and p.listed > p.documents:
+        line += f", ETA {(p.listed - p.documents) / doc_rate:.0f} s"
+    if p.wave is not None and p.waves is not None:
+        line = f"wave {p.wave + 1}/{p.waves}: {line}"
     return line
+
+
+class RowCounter:
+    """Rows in one run's part files of one table, reading each new file's footer once."""
+
+    def __init__(self, output: str, table: str, tenant: str, run_id: str) -> None:
+        self.glob = layout.part_glob(output, table, tenant, run_id)
+        self.rows: dict[str, int] = {}
+
+    def count(self) -> int:
+        try:
+            paths = [m.path for m in FileSystems.match([self.glob])[0].metadata_list]
+        except Exception:  # noqa: BLE001 - nothing written yet
+            return sum(self.rows.values())
+        for path in paths:
+            if path not in self.rows:
+                try:
+                    self.rows[path] = footer_rows(path)
+                except Exception:  # noqa: BLE001 - compacted away between the listing and the read
+                    continue
+        return sum(self.rows.values())
+
+
+def footer_rows(path: str) -> int:
+    """The rows of a Parquet file, from its footer (a local file is not read whole)."""
+    if "://" not in path:
+        return pq.read_metadata(path).num_rows
+    with FileSystems.open(path) as handle:
+        return pq.read_metadata(pa.BufferReader(handle.read())).num_rows
+
+
+class ProgressWatcher:
+    """A thread of the launching process that prints a progress line every `every_s` seconds (0: never)
+    while the run works. `wave` is set by the wave loop (pipelines/waves.py)."""
+
+    def __init__(self, output: str, tenant: str, run_id: str, every_s: float, listed: int | None = None,
+                 waves: int | None = None, out: IO[str] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.documents = RowCounter(output, "documents", tenant, run_id)
+        self.pages = RowCounter(output, "pages", tenant, run_id)
+        self.every_s, self.listed, self.waves, self.wave = every_s, listed, waves, None
+        self.out, self.clock = out, clock
+        self.lines = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.started = clock()
+        self.before = (self.documents.count(), self.pages.count()) if every_s > 0 else (0, 0)
+
+    def now(self) -> Progress:
+        return Progress(documents=self.documents.count(), listed=self.listed, pages=self.pages.count(),
+                        seconds=self.clock() - self.started, documents_before=self.before[0],
+                        pages_before=self.before[1], wave=self.wave, waves=self.waves)
+
+    def report(self) -> None:
+        print("pagemill: " + progress_line(self.now()), file=self.out or sys.stderr, flush=True)
+        self.lines += 1
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.report()
+            except Exception:  # noqa: BLE001 - progress must never fail a run
+                continue
+
+    def __enter__(self) -> ProgressWatcher:
+        if self.every_s > 0:
+            self._thread = threading.Thread(target=self._loop, name="pagemill-progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()

@@ -57,11 +57,11 @@ def clear_run(output: str, tenant: str, run_id: str) -> int:
     return removed
 
 
-def compact_run(output: str, tenant: str, run_id: str) -> dict[str, int]:
-    """Rewrite a resumed run's partitions with the latest row per key and delete the old files, so
-    no (run, document, page) ever has two rows. The new file is written before the old ones go."""
+def compact_run(output: str, tenant: str, run_id: str, only: list[str] | None = None) -> dict[str, int]:
+    """Rewrite a run's partitions (`only` these tables) with the latest row per key and delete the old
+    files, so no (run, document, page) ever has two rows. The new file is written before the old ones go."""
     kept: dict[str, int] = {}
-    for table in tables.TABLES:
+    for table in tables.TABLES if only is None else only:
         files = run_files(output, table, tenant, run_id)
         if len(files) < 2:
             continue

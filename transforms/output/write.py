@@ -25,6 +25,14 @@ from schemas import tables
 from schemas.layout import PART_SUFFIX, join_uri, partition
 
 log = logging.getLogger(__name__)
+PART_PREFIX = "part-"
+# Progress as Beam counters (every runner's UI shows them): a row is done once it is written.
+DONE_COUNTERS = {"documents": "documents_done", "pages": "pages_done"}
+
+
+def part_prefix(wave: int | None) -> str:
+    """Part files of one wave are named after it (`part-w00003-...`), so a resumed wave finds its own rows."""
+    return PART_PREFIX if wave is None else f"{PART_PREFIX}w{wave:05d}-"
 
 
 @dataclass(frozen=True)
@@ -59,16 +67,18 @@ class WriteParquetBundles(beam.DoFn):
     """
 
     def __init__(self, folder: str, table: str, policy: FlushPolicy | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, prefix: str = PART_PREFIX) -> None:
         self.folder = folder  # partition(output, table, tenant, run_id)
         self.table = table
         self.policy = policy or FlushPolicy()
         self.clock = clock
+        self.prefix = prefix
 
     def setup(self) -> None:
         self.schema = tables.SCHEMAS[self.table]
         self.rows_written = Metrics.counter("pagemill", f"{self.table}_rows_written")
         self.files_written = Metrics.counter("pagemill", f"{self.table}_files_written")
+        self.done = Metrics.counter("pagemill", DONE_COUNTERS[self.table]) if self.table in DONE_COUNTERS else None
 
     def start_bundle(self) -> None:
         self.rows: list[dict[str, Any]] = []
@@ -89,9 +99,11 @@ class WriteParquetBundles(beam.DoFn):
     def flush(self) -> None:
         if not self.rows:
             return
-        write_rows(self.folder, self.schema, self.rows)
+        write_rows(self.folder, self.schema, self.rows, f"{self.prefix}{uuid.uuid4().hex}{PART_SUFFIX}")
         self.rows_written.inc(len(self.rows))
         self.files_written.inc()
+        if self.done is not None:
+            self.done.inc(len(self.rows))
         self.rows = []
 
 
@@ -132,17 +144,17 @@ class WriteTable(beam.PTransform):
     done. Writing the branches separately keeps each writer in its producer's fused stage."""
 
     def __init__(self, output: str, table: str, tenant: str, run_id: str, policy: FlushPolicy | None = None,
-                 to_row: Callable[..., dict[str, Any]] | None = None, *args: Any) -> None:
+                 to_row: Callable[..., dict[str, Any]] | None = None, *args: Any, prefix: str = PART_PREFIX) -> None:
         super().__init__()
         self.folder, self.table, self.policy = partition(output, table, tenant, run_id), table, policy
-        self.to_row, self.args = to_row, args
+        self.to_row, self.args, self.prefix = to_row, args, prefix
 
     def expand(self, rows: beam.PCollection) -> tuple[beam.PCollection, ...]:
         written = []
         for i, branch in enumerate(flatten_branches(rows)):
             if self.to_row is not None:
                 branch = branch | f"Rows{i}" >> beam.Map(self.to_row, *self.args)
-            writer = WriteParquetBundles(self.folder, self.table, self.policy)
+            writer = WriteParquetBundles(self.folder, self.table, self.policy, prefix=self.prefix)
             written.append(branch | f"Write{i}" >> beam.ParDo(writer))
         return tuple(written)
 
@@ -159,24 +171,26 @@ def flatten_branches(pcoll: beam.PCollection) -> list[beam.PCollection]:
 
 
 class WriteTables(beam.PTransform):
-    """(DocumentRows, PageRows) -> the three tables; `run` holds run_id, tenant and created_at."""
+    """(DocumentRows, PageRows) -> the three tables; `run` holds run_id, tenant and created_at; `prefix`
+    names the part files (`part_prefix`: a wave's own)."""
 
     def __init__(self, output: str, run: Mapping[str, Any], pages: beam.PCollection,
-                 policy: FlushPolicy | None = None) -> None:
+                 policy: FlushPolicy | None = None, prefix: str = PART_PREFIX) -> None:
         super().__init__()
         self.output = output
         self.run = dict(run)
         self.pages = pages
         self.policy = policy
+        self.prefix = prefix
 
     def expand(self, documents: beam.PCollection) -> dict[str, tuple[beam.PCollection, ...]]:
         run, run_id, tenant, policy = self.run, self.run["run_id"], self.run["tenant"], self.policy
-        out = self.output
+        out, prefix = self.output, self.prefix
         return {
-            "documents": documents
-            | "WriteDocuments" >> WriteTable(out, "documents", tenant, run_id, policy, tables.document_row, run),
+            "documents": documents | "WriteDocuments" >> WriteTable(
+                out, "documents", tenant, run_id, policy, tables.document_row, run, prefix=prefix),
             "pages": self.pages
-            | "WritePages" >> WriteTable(out, "pages", tenant, run_id, policy, tables.page_row, run),
+            | "WritePages" >> WriteTable(out, "pages", tenant, run_id, policy, tables.page_row, run, prefix=prefix),
             "ledger": self.pages
-            | "WriteLedger" >> WriteTable(out, "ledger", tenant, run_id, policy, tables.ledger_row, run),
+            | "WriteLedger" >> WriteTable(out, "ledger", tenant, run_id, policy, tables.ledger_row, run, prefix=prefix),
         }
