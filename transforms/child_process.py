@@ -12,14 +12,23 @@ Protocol: the parent sends the work function once (pickled by reference, or an o
 the child answers READY; then, per request, the parent sends a tuple of arguments and the child sends every
 item `work(*args)` yields, then DONE. The child gets no credentials (its environment is minimal) and does no
 storage I/O.
+
+The child runs pdfium and Pillow on untrusted bytes, so the parent trusts its replies no more than it must:
+they are unpickled by `load_reply`, which builds only the record classes the worker declares (`reply_types`)
+and plain values, never an arbitrary class or callable. A child that cannot start (its imports or its work
+fail before READY) is not a document's fault: `ChildStartError` stops the run with the child's error.
 """
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
+import io
 import os
+import pickle
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -30,8 +39,66 @@ TIMEOUT, CRASHED = "timeout", "worker_crashed"  # why ChildWorker.ask stopped sh
 CHILD_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TESSDATA_PREFIX")
 # A --safety-check that needs a key of its own (a vendor service) reads it from a variable named so.
 CHILD_ENV_PREFIXES = ("PAGEMILL_CHECK_",)
-CHILD_COMMAND = "from transforms.child_process import child_main; child_main()"
+# The child's first line: an import that fails (a broken install) is told to the parent as an ("error", ...) reply.
+CHILD_COMMAND = ("from multiprocessing.connection import Connection\n"
+                 "try:\n"
+                 "    from transforms.child_process import child_main\n"
+                 "except BaseException as err:\n"
+                 "    why = f'importing pagemill: {type(err).__name__}: {err}'\n"
+                 "    Connection(1, readable=False).send(('error', why))\n"
+                 "    raise SystemExit(70) from err\n"
+                 "child_main()")
 Work = Callable[..., Iterator[Any]]
+# What a reply may hold besides the worker's record classes: plain values (and datetimes, for timestamps).
+PLAIN = (str, int, float, bool, bytes, type(None), dt.datetime)
+_DATETIME = {("datetime", "datetime"): dt.datetime, ("datetime", "timezone"): dt.timezone,
+             ("datetime", "timedelta"): dt.timedelta}
+
+
+class ChildStartError(RuntimeError):
+    """The child process could not start: a broken install or configuration, which stops the run."""
+
+
+class BadReply(ValueError):
+    """A reply that is not what the protocol allows (a class outside the worker's types, a bad field)."""
+
+
+class _RepliesUnpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, types: tuple[type, ...]) -> None:
+        super().__init__(io.BytesIO(data))
+        self.allowed = {**_DATETIME, **{(t.__module__, t.__qualname__): t for t in types}}
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = self.allowed.get((module, name))
+        if found is None:
+            raise BadReply(f"a reply named {module}.{name}, which the protocol does not allow")
+        return found
+
+
+def _plain(value: Any) -> bool:
+    return isinstance(value, PLAIN) or (isinstance(value, tuple) and all(isinstance(v, PLAIN) for v in value))
+
+
+def load_reply(data: bytes, types: tuple[type, ...]) -> Any:
+    """Pure: one reply from the child, unpickled with no class but `types` (and datetime's), then checked:
+    a protocol word, an ("error", text) tuple, a plain value, or an instance of `types` whose fields are plain
+    values. Raises BadReply otherwise."""
+    reply = _RepliesUnpickler(data, types).load()
+    if dataclasses.is_dataclass(reply) and isinstance(reply, types):
+        names = {f.name for f in dataclasses.fields(reply)}
+        bad = sorted(n for n in names if not _plain(getattr(reply, n, None))) or sorted(set(vars(reply)) ^ names)
+        if bad:
+            raise BadReply(f"a {type(reply).__name__} reply with unexpected fields {bad}")
+        return reply
+    if _plain(reply):
+        return reply
+    raise BadReply(f"a reply of type {type(reply).__name__}, which the protocol does not allow")
+
+
+def keep_cwd_off_python_paths(environ: MutableMapping[str, str]) -> None:
+    """Every Python process the run starts (Beam's SDK workers start as `python -m`, which puts the current
+    folder first on sys.path) leaves the current folder off its import path: PYTHONSAFEPATH is `-P`."""
+    environ["PYTHONSAFEPATH"] = "1"
 
 
 def python_argv(*args: str) -> list[str]:
@@ -66,11 +133,13 @@ def child_main() -> None:
     replies = Connection(os.dup(1), readable=False)
     os.dup2(2, 1)
     requests = Connection(os.dup(0), writable=False)
-    work = requests.recv()  # the work function (pickled by reference), or an object with prepare()
+    step = "loading its work"
     try:
+        work = requests.recv()  # the work function (pickled by reference), or an object with prepare()
+        step = "preparing its work"
         getattr(work, "prepare", lambda: None)()  # e.g. the classifier and checks: once, off any clock
     except Exception as err:  # noqa: BLE001 - told to the parent, which stops the run with it
-        replies.send(("error", f"{type(err).__name__}: {err}"))
+        replies.send(("error", f"{step}: {type(err).__name__}: {err}"))
         return
     replies.send(READY)
     serve(requests, replies, work)
@@ -86,7 +155,8 @@ class ChildWorker:
     """One child process that runs `work` on one request at a time; killed and restarted on a deadline."""
 
     name = "worker process"
-    prepare_failed = "the worker process could not prepare its work"
+    prepare_failed = "the worker process could not start"
+    reply_types: tuple[type, ...] = ()  # the record classes a reply may hold (besides plain values)
 
     def __init__(self, work: Work) -> None:
         self.work = work
@@ -120,20 +190,36 @@ class ChildWorker:
 
     def _boot(self) -> float:
         """Spawn if needed and wait until the child is ready; the seconds waited (a child's start is not
-        its request's time). Raises EOFError/OSError if it cannot start."""
-        self.spawn()
+        its request's time). Raises ChildStartError if it cannot start."""
+        try:
+            self.spawn()
+        except OSError as err:  # no process at all (no memory, no file descriptors)
+            raise ChildStartError(f"{self.prepare_failed}: {type(err).__name__}: {err}") from err
         assert self.requests is not None and self.replies is not None
         if self.booted:
             return 0.0
         waited = time.monotonic()
-        reply = self.replies.recv() if self.replies.poll(STARTUP_TIMEOUT_S) else None
-        if isinstance(reply, tuple):  # its work could not be prepared: a configuration error, not this document's
+        answered, reply = self.replies.poll(STARTUP_TIMEOUT_S), None
+        try:
+            reply = self.receive() if answered else None
+        except (EOFError, OSError, BadReply, pickle.UnpicklingError):
+            pass
+        if reply != READY:  # no document was sent yet: not a document's fault, so the run stops here
+            code = self.exit_code() if answered else None
             self.stop()
-            raise RuntimeError(f"{self.prepare_failed}: {reply[1]}")
-        if reply != READY:
-            raise EOFError(f"the {self.name} did not start within {STARTUP_TIMEOUT_S:g} s")
+            if isinstance(reply, tuple) and len(reply) == 2 and reply[0] == "error":
+                raise ChildStartError(f"{self.prepare_failed}: {reply[1]}")
+            why = (f"it exited with code {code} (its error is on stderr)" if answered
+                   else f"it did not answer within {STARTUP_TIMEOUT_S:g} s")
+            raise ChildStartError(f"{self.prepare_failed}: {why}")
         self.booted = True
         return time.monotonic() - waited
+
+    def receive(self) -> Any:
+        """The next reply (load_reply: only `reply_types` and plain values). Raises EOFError/OSError when the
+        child is gone, BadReply on anything else."""
+        assert self.replies is not None
+        return load_reply(self.replies.recv_bytes(), self.reply_types)
 
     def stop(self) -> None:
         """Kill the child (it may be deep inside pdfium: no polite way exists) and forget it."""
@@ -164,7 +250,7 @@ class ChildWorker:
             assert self.requests is not None and self.replies is not None
             conn = self.replies
             self.requests.send(args)
-        except (EOFError, OSError) as err:  # the child could not start, or died between requests
+        except (EOFError, OSError) as err:  # the child died between requests
             code = self.exit_code()
             self.stop()
             return [], CRASHED, f"the {self.name} is unavailable: {err} (exit code {code})"
@@ -173,11 +259,14 @@ class ChildWorker:
         while True:
             try:
                 ready = conn.poll(_wait_s(time.monotonic(), deadline, float("inf")))
-                message = conn.recv() if ready else None
+                message = self.receive() if ready else None
             except (EOFError, OSError):
                 code = self.exit_code()
                 self.stop()
                 return items, CRASHED, f"the {self.name} died on this document (exit code {code})"
+            except (BadReply, pickle.UnpicklingError) as err:  # a child the document subverted: it is replaced
+                self.stop()
+                return items, CRASHED, f"the {self.name} broke the protocol on this document: {err}"[:500]
             if message is None:
                 self.stop()
                 self.spawn()  # the next request's child boots while this one's row goes downstream

@@ -32,6 +32,8 @@ from transforms.intake.reading import ObjectReader
 
 class IntakeWorker(ChildWorker):
     name = "intake process"
+    prepare_failed = "the intake process could not start"
+    reply_types = (DocumentRow,)  # a page count (int) or the document's row
 
 
 def stopped_row(obj: ListedObject, fmt: str, sha: str, stopped: str, detail: str, timeout_s: float) -> DocumentRow:

@@ -18,6 +18,7 @@ no credentials (its environment is minimal) and does no storage I/O.
 """
 from __future__ import annotations
 
+import pickle
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from apache_beam.metrics import Metrics
 
 from schemas.records import DocumentRecord, PageImage, PageRow
-from transforms.child_process import ChildWorker, _wait_s
+from transforms.child_process import DONE, BadReply, ChildWorker, _wait_s
 from transforms.intake.reading import ObjectReader
 from transforms.pages.render import RenderPagesDoFn, RenderSettings, failed_page, render_document
 from transforms.pages.work import DocumentWork, PageStages, RenderFn
@@ -63,12 +64,26 @@ def missing_pages(doc: DocumentRecord, seen: set[int], reason_code: str, message
             yield failed_page(doc, index, reason_code, message)
 
 
+def reply_problem(doc: DocumentRecord, seen: set[int], message: object) -> str | None:
+    """Pure: what is wrong with a render child's reply (None: it is a page of `doc` not seen before). The
+    child parses untrusted bytes, so a reply is checked, not believed."""
+    if isinstance(message, Exception):
+        return str(message)
+    if not isinstance(message, PageImage | PageRow):
+        return f"a reply of type {type(message).__name__}"
+    if message.doc_sha256 != doc.doc_sha256 or message.page_index not in doc.page_indices or \
+            message.page_index in seen:
+        return f"a reply for page {message.page_index} of another or an already answered page"
+    return None
+
+
 class RenderWorker(ChildWorker):
     """One child process (transforms/child_process.py) that renders one document at a time; killed and
     restarted on a deadline."""
 
     name = "render worker"
-    prepare_failed = "the render worker could not load the safety checks or OCR"
+    prepare_failed = "the render worker could not start"
+    reply_types = (PageImage, PageRow)
 
     def __init__(self, limits: RenderLimits, render: RenderFn = render_document) -> None:
         super().__init__(render)
@@ -98,7 +113,7 @@ class RenderWorker(ChildWorker):
             assert self.requests is not None and self.replies is not None
             conn = self.replies
             self.requests.send((doc, data, settings))
-        except (EOFError, OSError) as err:  # the child could not start, or died between documents
+        except (EOFError, OSError) as err:  # the child died between documents (one that cannot start raises)
             code = self.exit_code()
             self.stop()
             yield from missing_pages(doc, set(), "worker_crashed", f"render worker unavailable: {err} (exit {code})")
@@ -108,13 +123,15 @@ class RenderWorker(ChildWorker):
             page_deadline = time.monotonic() + limits.page_timeout_s if limits.page_timeout_s > 0 else float("inf")
             try:
                 ready = conn.poll(_wait_s(time.monotonic(), doc_deadline, page_deadline))
-                message = conn.recv() if ready else None
+                message = self.receive() if ready else None
             except (EOFError, OSError):
                 code = self.exit_code()
                 self.stop()
                 yield from missing_pages(doc, seen, "worker_crashed",
                                          f"the render worker died on this document (exit code {code})")
                 return
+            except (BadReply, pickle.UnpicklingError) as err:
+                message = err
             if message is None:
                 elapsed, over = time.monotonic() - start - off_clock, time.monotonic() >= doc_deadline
                 self.stop()
@@ -128,9 +145,16 @@ class RenderWorker(ChildWorker):
                 done = f"{len(seen)} of {len(doc.page_indices)} pages done"
                 yield from missing_pages(doc, seen, "timeout", f"{done}; {why}")
                 return
-            if isinstance(message, str):  # DONE
+            if message == DONE:
                 yield from missing_pages(doc, seen, "render_failed", "the renderer produced no row for this page")
                 return
+            problem = reply_problem(doc, seen, message)
+            if problem is not None:  # a child this document subverted: replaced, and it fails its pages
+                self.stop()
+                yield from missing_pages(doc, seen, "worker_crashed",
+                                         f"the render worker broke the protocol on this document: {problem}"[:500])
+                return
+            assert isinstance(message, PageImage | PageRow)
             seen.add(message.page_index)
             handed = time.monotonic()
             yield message  # later stages fused with this one run here: off this document's clock
