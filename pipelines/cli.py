@@ -177,6 +177,9 @@ class _QuietImports(logging.Filter):
 
 
 def entry() -> None:
+    from transforms.child_process import keep_cwd_off_python_paths
+
+    keep_cwd_off_python_paths(os.environ)  # Beam's worker processes start as `python -m`: not from the cwd
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:
         handler.addFilter(_QuietImports())
