@@ -1,10 +1,12 @@
 """Named analyst queries: `pagemill sql --query NAME` (`--list-queries` lists them).
 
 Each query is plain DuckDB SQL over the views of `pipelines.sql.connect` (`documents`, `pages`, `ledger`:
-the latest row per key; `runs`: one row per manifest) plus `reason_codes` (code, meaning), registered
-here. Each takes one optional parameter, `$run_id`: NULL means every run under the output root. Every
-query groups and joins on (tenant, run_id), so tenants never mix in one row even when a run id repeats;
-`pagemill sql --tenant T --query NAME` runs it over one tenant's rows only.
+the latest row per key; `runs`: one row per manifest; the typed views `invoice`, `receipt`, ... and
+`typed_unfit`, `typed_columns`: pipelines/typed_views.py) plus `reason_codes` (code, meaning), registered
+here. Extracted values are read from the typed views, never parsed out of `pages.extraction` by hand. Each
+takes one optional parameter, `$run_id`: NULL means every run under the output root. Every query groups
+and joins on tenant (and run id where it reports per run), so tenants never mix in one row even when a run
+id repeats; `pagemill sql --tenant T --query NAME` runs it over one tenant's rows only.
 Money is what the ledger recorded: `cost_usd` (GPU-seconds at --gpu-hourly-usd) and `api_equivalent_usd`
 (the same page at a hosted API's list price).
 """
@@ -154,8 +156,49 @@ GROUP BY l.tenant, l.run_id, l.source_uri
 ORDER BY gpu_seconds DESC, l.source_uri, l.tenant
 LIMIT 20""")
 
+# Spend from the typed views of the shipped invoice and receipt schemas, one row per page: a page extracted
+# again by a later run (--force, another model) counts once, with its latest answer; a NULL total (not on
+# the page, or a value that did not fit) adds nothing and is counted apart.
+SPEND_BY_VENDOR = NamedQuery("spend-by-vendor", "Invoiced and receipted totals per vendor and currency, from the "
+                             "typed views invoice and receipt: pages, documents, total, dates, unfit values.", """
+WITH spend AS (
+  SELECT tenant, run_id, doc_sha256, page_index, extracted_at, 'invoice' AS kind, vendor_name AS vendor, currency,
+         total, issue_date AS date, unfit_values
+  FROM invoice
+  UNION ALL
+  SELECT tenant, run_id, doc_sha256, page_index, extracted_at, 'receipt', merchant, currency, total, date, unfit_values
+  FROM receipt
+), latest AS (
+  SELECT * FROM spend WHERE $run_id IS NULL OR run_id = $run_id
+  QUALIFY row_number() OVER (PARTITION BY tenant, kind, doc_sha256, page_index
+                             ORDER BY extracted_at DESC NULLS LAST, run_id DESC) = 1
+)
+SELECT tenant, kind, vendor, currency,
+       count(*) AS pages,
+       count(DISTINCT doc_sha256) AS documents,
+       round(sum(total), 2) AS total,
+       count(*) FILTER (WHERE total IS NULL) AS pages_without_total,
+       min(date) AS first_date,
+       max(date) AS last_date,
+       count(*) FILTER (WHERE unfit_values > 0) AS pages_with_unfit_values
+FROM latest
+GROUP BY tenant, kind, vendor, currency
+ORDER BY tenant, total DESC NULLS LAST, kind, vendor NULLS LAST, currency NULLS LAST""")
+
+UNFIT_VALUES = NamedQuery("unfit-values", "Extracted values that did not fit their column's SQL type (NULL in the "
+                          "typed view): per run, view and column, with a count, an example page and the type.", """
+SELECT u.tenant, u.run_id, u.view, u."column",
+       count(*) AS pages,
+       min(u.source_uri || '#page=' || (u.page_index + 1)) AS example,
+       coalesce(any_value(c.type), 'a JSON object') AS expected
+FROM typed_unfit u LEFT JOIN typed_columns c ON c.view = u.view AND c."column" = u."column"
+WHERE $run_id IS NULL OR u.run_id = $run_id
+GROUP BY u.tenant, u.run_id, u.view, u."column"
+ORDER BY u.tenant, u.run_id, pages DESC, u.view, 4""")
+
 QUERIES: Mapping[str, NamedQuery] = MappingProxyType(
-    {q.name: q for q in (COST_BY_RUN, REJECT_REASONS, CACHE_SAVINGS, TOKENS_BY_SCHEMA, SLOWEST_DOCUMENTS)})
+    {q.name: q for q in (COST_BY_RUN, REJECT_REASONS, CACHE_SAVINGS, TOKENS_BY_SCHEMA, SLOWEST_DOCUMENTS,
+                         SPEND_BY_VENDOR, UNFIT_VALUES)})
 
 
 def get(name: str) -> NamedQuery:

@@ -154,11 +154,16 @@ def csv_text(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return buf.getvalue()
 
 
+def text_value(value: Any) -> Any:
+    """A value for a text cell: a list or a struct (a typed view's LIST or STRUCT) as JSON, else as it is."""
+    return json.dumps(value, default=str, ensure_ascii=False) if isinstance(value, (list, dict)) else value
+
+
 def _terminal_value(value: Any) -> Any:
-    """A value printed in CSV: text (and lists, structs, dates as text) escaped by `terminal_safe`."""
+    """A value printed in CSV: numbers as they are, anything else as text escaped by `terminal_safe`."""
     if value is None or isinstance(value, (bool, int, float)):
         return value
-    return terminal_safe(str(value))
+    return terminal_safe(str(text_value(value)))
 
 
 def csv_cell(value: Any) -> Any:
@@ -169,5 +174,5 @@ def csv_cell(value: Any) -> Any:
 
 
 def _cell(value: Any) -> str:
-    text = terminal_safe("NULL" if value is None else str(value))
+    text = terminal_safe("NULL" if value is None else str(text_value(value)))
     return text if len(text) <= 80 else text[:77] + "..."

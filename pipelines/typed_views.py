@@ -127,18 +127,35 @@ def view_sql(view: View) -> str:
         return (f"CREATE VIEW {quote(view.name)} AS SELECT {keys}, j::JSON AS {WHOLE}, "
                 f"list_filter([CASE WHEN {not_object} > 0 THEN {literal(WHOLE)} END], lambda c: c IS NOT NULL) "
                 f"AS {UNFIT_COLUMNS}, {not_object} AS {UNFIT_VALUES} FROM ({source})")
-    structure = json.dumps({c.prop: c.type.structure() for c in view.columns})
-    raw = json.dumps({c.prop: sql_types.JSON for c in view.columns})
+    batch = _batches(view.columns)
+    parsed = ", ".join(
+        f"json_transform(j, {literal(json.dumps({c.prop: c.type.structure() for c in cs}))}) AS v{i}, "
+        f"json_transform(j, {literal(json.dumps({c.prop: sql_types.JSON for c in cs}))}) AS r{i}"
+        for i, cs in enumerate(_grouped(view.columns, batch)))
     unfit = [(WHOLE, not_object)] + [
-        (c.name, _unfit(f"struct_extract(r, {literal(c.prop)})", f"struct_extract(v, {literal(c.prop)})", c.type, 1))
-        for c in view.columns]
+        (c.name, _unfit(f"struct_extract(r{batch[c]}, {literal(c.prop)})",
+                        f"struct_extract(v{batch[c]}, {literal(c.prop)})", c.type, 1)) for c in view.columns]
     named = ", ".join(f"CASE WHEN {expr} > 0 THEN {literal(name)} END" for name, expr in unfit)
-    columns = ", ".join(f"struct_extract(v, {literal(c.prop)}) AS {quote(c.name)}" for c in view.columns)
+    columns = ", ".join(f"struct_extract(v{batch[c]}, {literal(c.prop)}) AS {quote(c.name)}" for c in view.columns)
     return (f"CREATE VIEW {quote(view.name)} AS SELECT {keys}, {columns}, "
             f"list_filter([{named}], lambda c: c IS NOT NULL) AS {UNFIT_COLUMNS}, "
             f"({' + '.join(expr for _, expr in unfit)})::BIGINT AS {UNFIT_VALUES} "
-            f"FROM (SELECT *, json_transform(j, {literal(structure)}) AS v, json_transform(j, {literal(raw)}) AS r "
-            f"FROM ({source}))")
+            f"FROM (SELECT *, {parsed} FROM ({source}))")
+
+
+def _batches(columns: tuple[Column, ...]) -> dict[Column, int]:
+    """Which `json_transform` reads each column: DuckDB's struct fields ignore case, so properties whose
+    names differ only in case (`Total`, `total`) go to different ones; JSON keys themselves match exactly."""
+    seen: dict[str, int] = {}
+    batch = {}
+    for c in columns:
+        batch[c] = seen.get(c.prop.lower(), 0)
+        seen[c.prop.lower()] = batch[c] + 1
+    return batch
+
+
+def _grouped(columns: tuple[Column, ...], batch: dict[Column, int]) -> list[list[Column]]:
+    return [[c for c in columns if batch[c] == i] for i in range(max(batch.values()) + 1)]
 
 
 def _unfit(raw: str, typed: str, t: SqlType, depth: int) -> str:

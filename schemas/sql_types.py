@@ -102,6 +102,8 @@ def sql_type(node: Any, root: Mapping[str, Any], path: str, refs: frozenset[str]
         props = node.get("properties")
         if not isinstance(props, Mapping) or not props:
             return as_json(path, "an object without properties (free-form)", nullable)
+        if len({n.lower() for n in props}) < len(props):  # a STRUCT's field names ignore case
+            return as_json(path, "property names that differ only in case", nullable)
         return SqlType(fields=tuple(_fields(node, props, root, path, refs).items()), nullable=nullable)
     if kind == "string":
         return SqlType(_string(node), nullable=nullable)
