@@ -12,6 +12,7 @@ from pathlib import Path
 USAGE = """pagemill run --input URI [--input URI ...] --output DIR [--job FILE] [--run-id ID] [--tenant NAME]
              [pagemill options] [Beam pipeline options]
 pagemill sql --output DIR [--tenant T] [--format table|csv|json] "QUERY" | --query NAME | --list-queries
+pagemill export --output DIR --schema VIEW --to FILE [--format parquet|csv] [--tenant T]
 pagemill estimate --input URI [--input URI ...] [--job FILE] [--output DIR] [--format table|json] [run options]
 pagemill report --output DIR [--tenant T] [--run-id ID] --html FILE
 pagemill eval --output DIR [--run-id ID] [--tenant T] --truth FILE [--format table|json] [--save]
@@ -29,6 +30,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_command(rest)
     if command == "sql":
         return sql_command(rest)
+    if command == "export":
+        from pipelines.export import command as export
+
+        return export(rest)
     if command == "make-test-model":
         return make_test_model_command(rest)
     if command == "presets":
