@@ -211,13 +211,41 @@ def test_detail_follows_the_hints_stage(tmp_path: Path, capsys: pytest.CaptureFi
         assert r["tokens"]["image"] < r["tokens"]["image_at_high_detail"]
 
 
+# Published list prices (schemas/prices.json, read on 2026-11-29), USD per million input and output tokens.
+LIST_PRICES = {"gpt-4o": (2.5, 10.0), "claude-sonnet": (3.0, 15.0), "gemini-2.5-flash": (0.3, 2.5)}
+
+
 def test_samples_folder_prints_tokens_and_dollars(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--input", str(REPO / "samples"), "--pages-per-second", "2"]
+    r = estimate_json(capsys, *args)
+    # samples/: README.md (unsupported) and corrupt.pdf rejected; the receipt's copy a duplicate; the invoice
+    # (1 page), the receipt (1) and the report (3): 5 pages, each at most --max-tokens 1024 out.
+    assert r["documents"] | {"reject_reasons": None} == {"listed": 6, "rejected": 2, "reject_reasons": None,
+                                                         "duplicate": 1, "cached": 0, "to_extract": 3}
+    assert r["pages"]["to_model"] == 5 and r["tokens"]["output"] == 5 * 1024
+    # Image tokens from transformers' Qwen2-VL processor on the pages as really rendered (--dpi 150,
+    # --max-side 1288); under --detail auto the PDF pages (text layer) go at the low-detail side, 640.
+    rendered = {name: rendered_sizes((REPO / "samples" / name).read_bytes(), 150, 1288)
+                for name in ("invoice-2026-001.pdf", "receipt-scan.png", "report-3pages.pdf")}
+    high = sum(processor_image_tokens(*size) for sizes_ in rendered.values() for size in sizes_)  # type: ignore[misc]
+    sent = [sizes.resize_for_detail(Image.new("RGB", size), 640).size if name.endswith(".pdf") else size
+            for name, sizes_ in rendered.items() for size in sizes_]  # type: ignore[misc]
+    assert (r["tokens"]["image_at_high_detail"], r["tokens"]["image"]) == \
+        (high, sum(processor_image_tokens(*size) for size in sent))
+    # Self-hosted: 5 pages at 2 pages/s on a $2.5/h GPU.
+    assert r["self_hosted"]["usd"] == pytest.approx(5 / 2 / 3600 * 2.5)
+    check_prices(r)
+    text = r["tokens"]["text"]
     capsys.readouterr()
-    assert cli.main(["estimate", "--input", str(REPO / "samples"), "--pages-per-second", "2"]) == 0
+    assert cli.main(["estimate", *args]) == 0
     out = capsys.readouterr().out
-    for text in ("documents  listed 6; rejected 2", "duplicate 1", "pages      5 to the model", "gpt-4o",
-                 "claude-sonnet", "gemini-2.5-flash", "2 pages/s, --pages-per-second", "prices read on 2026-"):
-        assert text in out, out
+    for line in ("documents  listed 6; rejected 2 (unreadable 1, unsupported_format 1); duplicate 1; cached 0; "
+                 "to extract 3",
+                 f"tokens     image {r['tokens']['image']:,} ({high:,} if every page went at full detail), "
+                 f"text {text:,}, output 5,120",
+                 "self-hosted $0.0017 ($0.3472 per 1,000 pages): 0.0007 GPU-hours at $2.5/h",
+                 *(f"{h['provider']:<17} $ {h['usd']:>11.4f}" for h in r["hosted"])):
+        assert line in out, (line, out)
 
 
 def test_route_of_a_served_or_hosted_run(capsys: pytest.CaptureFixture[str]) -> None:
@@ -244,13 +272,57 @@ def test_errors_are_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert r["documents"]["reject_reasons"] == {"not_found": 1}
 
 
+def corpus_expectations(folder: str) -> tuple[int, dict[str, int], int]:
+    """From the corpus's manifest.csv (each file probed with pypdf and Pillow in a sandbox, independently of
+    pagemill): files listed, reject reasons, and pages of the accepted documents (a duplicate of a file
+    outside `folder` counts as a document of its own)."""
+    import csv
+
+    listed, pages, reasons = 0, 0, {"unsupported_format": 0, "encrypted": 0, "unreadable": 0}
+    with open(SHARED_CORPUS / "manifest.csv", newline="") as handle:
+        for row in csv.DictReader(handle):
+            if not row["local_path"].startswith(folder + "/"):
+                continue
+            listed += 1
+            probe = json.loads(row["probe"] or "{}")
+            if probe.get("kind") not in ("pdf", "image"):
+                reasons["unsupported_format"] += 1
+            elif probe.get("encrypted"):
+                reasons["encrypted"] += 1
+            elif "error" in probe:
+                reasons["unreadable"] += 1
+            else:
+                pages += probe["pages"] if probe["kind"] == "pdf" else probe["frames"]
+    return listed, reasons, pages
+
+
+def check_prices(r: dict) -> None:
+    """The estimate's money, from its own token counts by hand: output --max-tokens (1024) a page; self-hosted
+    GPU-hours at its pages/s and $2.5/h; each hosted API its list price on its own image tokens plus the same
+    text and output tokens."""
+    to_model, text = r["pages"]["to_model"], r["tokens"]["text"]
+    assert r["tokens"]["output"] == to_model * 1024
+    hosted_self = r["self_hosted"]
+    assert hosted_self["gpu_hours"] == pytest.approx(to_model / hosted_self["pages_per_s"] / 3600)
+    assert hosted_self["usd"] == pytest.approx(hosted_self["gpu_hours"] * 2.5)
+    assert [h["provider"] for h in r["hosted"]] == list(LIST_PRICES)
+    for hosted in r["hosted"]:
+        price_in, price_out = LIST_PRICES[hosted["provider"]]
+        assert hosted["input_tokens"] == hosted["image_tokens"] + text and hosted["output_tokens"] == to_model * 1024
+        assert hosted["usd"] == pytest.approx((hosted["input_tokens"] * price_in + to_model * 1024 * price_out) / 1e6)
+        assert hosted["usd_per_1k_pages"] == pytest.approx(hosted["usd"] / to_model * 1000)
+
+
 @pytest.mark.skipif(not CORPUS.is_dir(), reason="../shared/corpus/ is absent")
 def test_corpus_prices(capsys: pytest.CaptureFixture[str]) -> None:
     r = estimate_json(capsys, "--input", str(CORPUS))
-    files = [p for p in CORPUS.rglob("*") if p.is_file()]
-    assert r["documents"]["listed"] == len(files)
-    assert r["pages"]["to_model"] > 100 and r["tokens"]["image"] > 0 and r["tokens"]["text"] > 0
-    assert all(h["usd"] > 0 for h in r["hosted"]) and r["self_hosted"]["usd"] > 0
+    listed, reasons, pages = corpus_expectations("extraction_gt")
+    assert listed == len([p for p in CORPUS.rglob("*") if p.is_file()])
+    assert r["documents"]["listed"] == listed and r["documents"]["reject_reasons"] == reasons
+    assert r["documents"]["duplicate"] == 0 and r["pages"]["to_model"] == pages
+    check_prices(r)
+    # Image tokens: at most every page at full detail, and the hints send the text-layer pages smaller.
+    assert 0 < r["tokens"]["image"] < r["tokens"]["image_at_high_detail"]
     with capsys.disabled():
         print(f"\ncorpus estimate: {r['documents']}, pages {r['pages']}, tokens {r['tokens']}, "
               f"self-hosted ${r['self_hosted']['usd']:.4f}, " +
@@ -309,12 +381,20 @@ def test_bench_estimate_runs(tmp_path: Path) -> None:
     import sys
 
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_estimate.py"), "--objects", "300",
-                           "--json"], capture_output=True, text=True, timeout=300, cwd=REPO,
+                           "--sample-pages", "20", "--json"], capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert done.returncode == 0, done.stderr[-2000:]
-    figures = json.loads(done.stdout.strip().splitlines()[-1])
-    assert figures["objects"] == 300 and figures["documents"]["listed"] == 300
-    assert figures["documents"]["duplicate"] > 0 and figures["extrapolated_100k_s"] > 0
+    f = json.loads(done.stdout.strip().splitlines()[-1])
+    # The bench's corpus, by hand: objects i = 0..299 by slot i % 50: 1-4 a copy of an earlier object (slot 0 too
+    # but for i = 0), 5 a truncated PDF, 6 random bytes, 7-29 an invoice (1 page), 30-39 a report (3), 40-49 a
+    # scan (1). Six blocks of 50: 29 copies, 6 + 6 rejected, 139 invoices, 60 reports, 60 scans.
+    assert f["kinds"] == {"copy": 29, "truncated": 6, "random": 6, "invoice": 139, "report": 60, "scan": 60}
+    assert f["documents"] == {"listed": 300, "rejected": 12, "reject_reasons": {"unreadable": 6,
+                              "unsupported_format": 6}, "duplicate": 29, "cached": 0, "to_extract": 259}
+    assert f["pages_to_model"] == 139 + 3 * 60 + 60
+    # The extrapolation: the per-object phases scaled to 100,000 objects, plus the one-time rest of the wall.
+    per_object = f["list_s"] + f["scan_s"] + f["plan_s"]
+    assert f["extrapolated_100k_s"] == pytest.approx(per_object / 300 * 100_000 + f["wall_s"] - per_object, abs=1.0)
 
 
 def test_sample_is_seeded_and_whole_when_small() -> None:
