@@ -44,8 +44,16 @@ def test_presets_are_frozen_and_read_only() -> None:
 def test_presets_command_lists_every_preset(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["presets"]) == 0
     out = capsys.readouterr().out
-    for name, preset in PRESETS.items():
-        assert name in out and preset.description in out and preset.model in out
+    # The whole listing: three lines a preset, in the registry's order, every field of each preset.
+    expected = []
+    for p in PRESETS.values():
+        expected += [f"{p.name:<12} {p.description}",
+                     f"{'':<12} model {p.model}; output {p.output_kind} (--schema {p.schema}); prompt {p.prompt}; "
+                     f"parser {p.parser}; image tokens {p.model_family}; pages at --max-side {p.max_side}, "
+                     f"--detail {p.detail}; --max-tokens {p.max_tokens}",
+                     f"{'':<12} extracts: {p.extracts}"]
+    assert out.splitlines() == expected
+    assert [line.split()[0] for line in out.splitlines()[::3]] == ["qwen2.5-vl", "olmocr", "llava-next"]
 
 
 def test_run_refuses_an_unknown_preset(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
