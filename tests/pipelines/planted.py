@@ -12,7 +12,7 @@ from schemas.extraction import schema_hash
 from schemas.layout import manifest_path, partition
 from transforms.output.write import write_rows
 
-T0 = dt.datetime(2026, 11, 1, 9, 0, tzinfo=dt.timezone.utc)
+T0 = dt.datetime(2026, 11, 1, 9, 0, tzinfo=dt.UTC)
 
 GOOD_INVOICE = {"vendor_name": "Contoso Print & Co", "invoice_number": "INV-7", "issue_date": "2026-11-03",
                 "due_date": "2026-12-03", "currency": "GBP", "subtotal": 1431.2, "tax": 286.24, "total": 1717.44,

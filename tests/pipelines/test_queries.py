@@ -4,6 +4,7 @@ is recomputed here in Python from the Parquet files themselves, not through Duck
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import io
 import json
 from collections import Counter, defaultdict
@@ -59,7 +60,8 @@ def key(row: dict[str, Any]) -> tuple[str, str, int]:
 def test_list_queries(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["sql", "--list-queries"]) == 0
     out = capsys.readouterr().out
-    for name in ("cost-by-run", "reject-reasons", "cache-savings", "tokens-by-schema", "slowest-documents"):
+    for name in ("cost-by-run", "reject-reasons", "cache-savings", "tokens-by-schema", "slowest-documents",
+                 "spend-by-vendor", "unfit-values"):
         assert name in out and queries.get(name).sql.strip().startswith(("SELECT", "WITH"))
     with pytest.raises(SystemExit):
         cli.main(["sql", "--output", "x", "--query", "cost-by-run", "SELECT 1"])  # exactly one of them
@@ -100,6 +102,7 @@ def test_every_query_runs_on_a_render_only_run(rendered: Path, fmt: str, capsys:
     assert run["run_id"] == "r1" and int(run["pages"]) == len(raw(rendered, "ledger"))
     assert int(run["model_pages"]) == 0 and float(run["cost_usd"]) == 0
     assert results["cache-savings"] == [] and results["tokens-by-schema"] == []
+    assert results["spend-by-vendor"] == [] and results["unfit-values"] == []  # no ok page: empty typed views
     assert len(results["slowest-documents"]) == len({r["source_uri"] for r in raw(rendered, "ledger")})
     reasons = {(r["level"], r["reason_code"]): int(r["n"]) for r in results["reject-reasons"]}
     assert reasons == {("document", "unreadable"): 1, ("document", "unsupported_format"): 2,
@@ -185,3 +188,35 @@ def test_tokens_by_schema_and_slowest_documents(extracted: Path, capsys: pytest.
     assert len(rows) == min(20, len(seconds))
     assert (rows[0]["run_id"], rows[0]["source_uri"]) == max(seconds, key=seconds.get)
     assert [r["gpu_seconds"] for r in rows] == sorted((r["gpu_seconds"] for r in rows), reverse=True)
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_typed_invoice_view_over_a_real_run(extracted: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The typed views over what the tiny model wrote: every ok invoice page once, each value as its JSON
+    holds it (parsed here with json.loads from the Parquet files), a date that is no date NULL and counted."""
+    from tests.pipelines.test_typed_views import DESCRIBE_INVOICE
+
+    capsys.readouterr()
+    assert cli.main(["sql", "--output", str(extracted), "--format", "json", "DESCRIBE invoice"]) == 0
+    assert [(r["column_name"], r["column_type"]) for r in json.loads(capsys.readouterr().out)] == DESCRIBE_INVOICE
+    ok = {key(p): json.loads(p["extraction"]) for p in raw(extracted, "pages")
+          if p["status"] == "ok" and p["schema_id"] == "invoice"}
+    assert len(ok) >= 5
+    assert cli.main(["sql", "--output", str(extracted), "--format", "json",
+                     "SELECT run_id, doc_sha256, page_index, vendor_name, total, issue_date, unfit_columns FROM invoice"
+                     ]) == 0
+    rows = {key(r): r for r in json.loads(capsys.readouterr().out)}
+    assert set(rows) == set(ok)
+    for k, value in ok.items():
+        date = value["issue_date"]
+        try:
+            expected_date = dt.date.fromisoformat(date).isoformat() if date else None
+        except ValueError:  # the schema's pattern lets 2026-02-31 through
+            expected_date = None
+        assert rows[k]["vendor_name"] == value["vendor_name"] and rows[k]["total"] == value["total"], k
+        assert rows[k]["issue_date"] == expected_date, k
+        assert ("issue_date" in rows[k]["unfit_columns"]) == (date is not None and expected_date is None), k
+    assert cli.main(["sql", "--output", str(extracted), "--format", "json",
+                     "SELECT count(*) AS n FROM invoice_line_items"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"n": sum(len(v["line_items"]) for v in ok.values())}]

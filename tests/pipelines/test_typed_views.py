@@ -80,7 +80,8 @@ def test_typed_values_and_values_that_do_not_fit(invoices: Path, capsys: pytest.
                                   "GROUP BY ALL")
     assert typed == [{"t": "DOUBLE", "d": "DATE", "s": 1717.44 + 1800.0}]
     unfit = sql(capsys, invoices, 'SELECT view, "column", doc_sha256 FROM typed_unfit ORDER BY 2')
-    assert unfit == [{"view": "invoice", "column": c, "doc_sha256": "d2"} for c in ("issue_date", "line_items", "total")]
+    assert unfit == [{"view": "invoice", "column": c, "doc_sha256": "d2"}
+                     for c in ("issue_date", "line_items", "total")]
     named = sql(capsys, invoices, None, "--query", "unfit-values")
     assert [(r["view"], r["column"], r["pages"], r["example"], r["expected"]) for r in named] == [
         ("invoice", "issue_date", 1, "s3://bucket/doc-2.pdf#page=1", "DATE"),
@@ -201,7 +202,8 @@ def test_terminal_output_escapes_controls_and_bidi_in_every_format(tmp_path: Pat
     shown = "\\u2066\\u202eevil\\u2069\\u200b\\x1b]0;pwned\\x07\\u061c"
     for fmt in ("csv", "table"):
         capsys.readouterr()
-        assert cli.main(["sql", "--output", str(out), "--format", fmt, "SELECT vendor_name, line_items FROM invoice"]) == 0
+        query = "SELECT vendor_name, line_items FROM invoice"
+        assert cli.main(["sql", "--output", str(out), "--format", fmt, query]) == 0
         printed = capsys.readouterr().out
         assert shown in printed, fmt
         assert not any(c in printed for c in "\u2066\u202e\u2069\u200b\x1b\x07\u061c"), fmt
