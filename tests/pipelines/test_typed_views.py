@@ -90,6 +90,20 @@ def test_typed_values_and_values_that_do_not_fit(invoices: Path, capsys: pytest.
         ("invoice", "total", 1, "s3://bucket/doc-2.pdf#page=1", "DOUBLE")]
 
 
+def test_a_list_or_an_object_of_the_wrong_shape_is_one_unfit_value(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    planted.write_pages(out, [page(1, {**GOOD_INVOICE, "line_items": "see attached"}, schema=INVOICE_SCHEMA),
+                              page(2, {**GOOD_INVOICE, "line_items": ["Posters", GOOD_INVOICE["line_items"][1]]},
+                                   schema=INVOICE_SCHEMA),
+                              page(3, '["not", "an", "object"]', schema=INVOICE_SCHEMA)])
+    rows = sql(capsys, out, "SELECT doc_sha256, len(line_items) AS items, unfit_columns, unfit_values "
+                            "FROM invoice ORDER BY 1")
+    assert rows == [{"doc_sha256": "d1", "items": None, "unfit_columns": ["line_items"], "unfit_values": 1},
+                    {"doc_sha256": "d2", "items": 2, "unfit_columns": ["line_items"], "unfit_values": 1},
+                    {"doc_sha256": "d3", "items": None, "unfit_columns": ["extraction"], "unfit_values": 1}]
+
+
 def test_line_items_have_one_row_per_item(invoices: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rows = sql(capsys, invoices, "SELECT run_id, doc_sha256, item_index, description, quantity, amount "
                                  "FROM invoice_line_items ORDER BY run_id, doc_sha256, item_index")
