@@ -39,7 +39,7 @@ from transforms.hints.choose import HintSettings
 from transforms.intake.listing import list_matching
 from transforms.model import budget
 from transforms.model.markdown import MarkdownFormat
-from transforms.model.prompt import SYSTEM_PROMPT, chat_messages, clean_hint, control_tokens, user_text
+from transforms.model.prompt import SHARED_FIRST, SYSTEM_PROMPT, chat_messages, clean_hint, control_tokens, user_text
 from transforms.pages.sizes import low_detail_size
 
 
@@ -73,9 +73,10 @@ class PromptTokens:
     else characters / 4 of the same text."""
 
     def __init__(self, model: str, revision: str | None, schema: ExtractionSchema,
-                 markdown: MarkdownFormat | None = None) -> None:
+                 markdown: MarkdownFormat | None = None, layout: str = SHARED_FIRST) -> None:
         self.schema = dict(schema.schema)
         self.markdown = markdown
+        self.layout = layout
         self.tokenizer = _local_tokenizer(model, revision)
         self.controls = control_tokens(self.tokenizer) if self.tokenizer is not None else ()
         self.method = ("exact (the tokenizer and chat template of --model)" if self.tokenizer is not None
@@ -102,8 +103,8 @@ class PromptTokens:
         return counts
 
     def _prompt(self, hint: str) -> str:
-        messages = self.markdown.messages(hint, self.controls) if self.markdown is not None \
-            else chat_messages(self.schema, hint, controls=self.controls)
+        messages = self.markdown.messages(hint, self.controls, self.layout) if self.markdown is not None \
+            else chat_messages(self.schema, hint, controls=self.controls, layout=self.layout)
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def _encode(self, texts: list[str]) -> list[int]:
@@ -296,7 +297,8 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
     cached = cached_documents(o.output, storage, {d.doc_sha256: len(d.pages) for d in kept if d.doc_sha256}, key) \
         if o.output else set()
     out_figure, out_source = output_figure(o, storage, key, output_tokens)
-    prompt, policy = PromptTokens(o.model, o.model_revision, schema, markdown), HintPolicy.of(run.hints)
+    prompt = PromptTokens(o.model, o.model_revision, schema, markdown, cfg.prompt_layout)
+    policy = HintPolicy.of(run.hints)
     todo = [d for d in kept if d.doc_sha256 not in cached]
     t_prompt = time.perf_counter()
     decisions = render_decisions(todo, run, policy.detail, policy.hints, sample_pages, sample_seed)

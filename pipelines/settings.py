@@ -147,6 +147,6 @@ def extract_config(o: PagemillOptions, render_key: str) -> ExtractConfig:
                          model_revision=o.model_revision, render_key=render_key,
                          model_family=rule_for(o.model_family, o.model),
                          max_model_len=o.max_model_len, max_tokens=o.max_tokens, max_attempts=o.max_attempts,
-                         max_in_flight=in_flight,
+                         max_in_flight=in_flight, prompt_layout=o.prompt_layout, answer_timeout_s=o.answer_timeout_s,
                          gpu_hourly_usd=o.gpu_hourly_usd, api_price=o.api_price, prices=load_prices(),
                          route=model_route(o))

@@ -13,13 +13,13 @@ SYSTEM_REASONS = frozenset({
     "rate_limited",        # a served endpoint: HTTP 429 after the retries
     "server_error",        # a served endpoint: HTTP 5xx or unreachable after the retries
     "invalid_response",    # a served endpoint: an answer over its size cap, misshapen, or with bad usage counts
-    "engine_timeout",      # a served endpoint: no answer within --request-timeout-s
+    "engine_timeout",      # no answer within --answer-timeout-s, or a served endpoint's --request-timeout-s
     "timeout",             # --document-timeout-s / --page-timeout-s stopped the work
     "safety_check_error",  # a safety check raised: the page is quarantined, fail closed
     "extraction_failed",   # a document's pages produced no row at all (lost work)
     "storage_error",       # the object store kept failing past the read retries (transforms/intake/reading.py)
 })
 # The model ran but its answer failed the checks: data quality, reported per page, not a system failure.
-MODEL_OUTPUT_REASONS = frozenset({"invalid_json", "schema_invalid", "truncated", "front_matter_invalid"})
+MODEL_OUTPUT_REASONS = frozenset({"invalid_json", "schema_invalid", "truncated", "front_matter_invalid", "repetition"})
 # Everything else (too_large, unreadable, encrypted, render_failed, worker_crashed, ...) is about the input.
 INPUT_REASONS = frozenset(REASON_CODES) - SYSTEM_REASONS - MODEL_OUTPUT_REASONS

@@ -45,10 +45,12 @@ REASON_CODES = {
     "server_error": "the endpoint kept answering HTTP 5xx, or could not be reached, after the retries",
     "invalid_response": "the endpoint's answer is not one to this request: over its size cap (from --max-tokens), "
                         "not a chat completion, or usage counts that are not counts (negative, absurd, non-integer)",
-    "engine_timeout": "the endpoint did not answer within --request-timeout-s",
+    "engine_timeout": "no answer within --answer-timeout-s (any engine) or --request-timeout-s (an endpoint)",
     "invalid_json": "model output is not JSON (after retries)",
     "schema_invalid": "model output is JSON but fails the schema (after retries)",
     "truncated": "model output hit max_tokens before the JSON closed (after retries)",
+    "repetition": "model output kept repeating a short pattern and was stopped (transforms/engines/repetition.py; "
+                  "after the retry)",
     "front_matter_invalid": "markdown output's front matter is missing or has a field the format does not allow "
                             "(after retries)",
     "extraction_failed": "no page of the document was extracted",
@@ -76,6 +78,15 @@ FLAGS = {
     "pii_national_id": "a national id (US SSN, UK NINO, Spanish DNI/NIE) in a field that does not ask for one",
     "refusal": "the output reads like a refusal rather than data",
     "truncated_output": "markdown output hit --max-tokens: the page's text is cut short",
+    "repetition": "markdown output kept repeating a short pattern and was stopped there: the text is cut short",
+}
+
+# Why a model's answer ended (the `ledger.stop_reason` column; null on pages no model answered). Stable strings.
+STOP_REASONS = {
+    "stop": "the model ended its answer itself (end of sequence or a stop token)",
+    "length": "the answer hit --max-tokens (or the context length)",
+    "repetition": "the answer kept repeating a short pattern and was stopped (transforms/engines/repetition.py)",
+    "deadline": "the answer ran past --answer-timeout-s and was aborted",
 }
 
 
@@ -197,6 +208,8 @@ class PageRow:
     image_tokens_saved: int = 0  # image tokens that sending the page at full detail would have cost more
     rendered_at: dt.datetime | None = None  # the page left the CPU stages
     extracted_at: dt.datetime | None = None  # its result came back (cached, duplicate: was available)
+    cached_prompt_tokens: int = 0  # prompt tokens the engine took from its prefix cache (not prefilled again)
+    stop_reason: str | None = None  # STOP_REASONS: why the last answer ended; None when no model answered
     # Markdown output (--schema markdown / olmocr, transforms/model/markdown.py): the page text, and the front
     # matter's fields where the format has them. None on JSON rows.
     markdown: str | None = None
@@ -255,3 +268,5 @@ class ExtractionResult:
     finished_at: dt.datetime | None = None
     markdown: str | None = None  # markdown output: the page text (`extraction` holds the front matter)
     flags: tuple[str, ...] = ()  # page flags the result raises (markdown: truncated_output)
+    cached_prompt_tokens: int = 0  # of the last attempt's prompt tokens, those the engine's prefix cache held
+    stop_reason: str | None = None  # STOP_REASONS of the last attempt

@@ -82,6 +82,8 @@ LEDGER = pa.schema([
     ("attempts", pa.int64()),
     ("gpu_seconds", pa.float64()),
     ("cost_usd", pa.float64()),
+    ("cached_prompt_tokens", pa.int64()),
+    ("stop_reason", pa.string()),
     ("api_equivalent_usd", pa.float64()),
     ("created_at", pa.timestamp("us", tz="UTC")),
 ])

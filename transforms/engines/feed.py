@@ -18,7 +18,7 @@ import logging
 import queue
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -27,7 +27,9 @@ from PIL import Image
 
 from schemas.records import ExtractionResult, PageTask
 from schemas.statuses import FAILED, INVALID, OK
+from transforms.engines.deadline import Deadlines
 from transforms.engines.local import Completion, PageEngine
+from transforms.engines.repetition import MAX_PERIOD, REPETITION, SPAN, retry_cap
 from transforms.model import budget
 from transforms.model.markdown import TRUNCATED_FLAG, MarkdownFormat
 from transforms.model.postfilter import SchemaValidator
@@ -42,16 +44,52 @@ log = logging.getLogger(__name__)
 MAX_KEYS = 100_000  # done keys remembered per process for dedup (a few KB each); in-flight keys always
 
 
-def sampling_params(schema: Any, max_tokens: int, attempt: int, markdown: MarkdownFormat | None = None) -> Any:
+def sampling_fields(schema: Any, max_tokens: int, attempt: int,
+                    markdown: MarkdownFormat | None = None) -> dict[str, Any]:
+    """Pure: the decoding settings pagemill sets, as JSON fields (the engine service receives them so:
+    transforms/engines/machine_wire.py); `vllm_sampling` makes vLLM's SamplingParams of them."""
+    temperature, top_p = decoding(attempt)
+    fields: dict[str, Any] = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
+    if markdown is None:
+        fields["json"] = dict(schema.schema)
+    elif markdown.regex:  # markdown: the front matter constrained (when the format has one), the text capped
+        fields["regex"] = markdown.regex
+    return fields
+
+
+def vllm_sampling(fields: Mapping[str, Any]) -> Any:
+    """vLLM's SamplingParams of `sampling_fields` (in the worker, and in the engine service from the wire)."""
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    temperature, top_p = decoding(attempt)
-    if markdown is None:
-        constraint = StructuredOutputsParams(json=dict(schema.schema))
-    else:  # markdown: the front matter constrained (when the format has one), the text capped by max_tokens
-        constraint = StructuredOutputsParams(regex=markdown.regex) if markdown.regex else None
-    return SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, structured_outputs=constraint)
+    constraint = None
+    if "json" in fields:
+        constraint = StructuredOutputsParams(json=fields["json"])
+    elif "regex" in fields:
+        constraint = StructuredOutputsParams(regex=fields["regex"])
+    return SamplingParams(temperature=fields["temperature"], top_p=fields["top_p"], max_tokens=fields["max_tokens"],
+                          structured_outputs=constraint)
+
+
+def sampling_params(schema: Any, max_tokens: int, attempt: int, markdown: MarkdownFormat | None = None) -> Any:
+    return vllm_sampling(sampling_fields(schema, max_tokens, attempt, markdown))
+
+
+@dataclass(frozen=True)
+class PageSource:
+    """A request's page as encoded bytes (its "page" entry beside vLLM's prompt and image): what the engine
+    service is sent instead of pixels; `page_pixels(data, detail_side, size)` is the request's image."""
+
+    data: bytes
+    detail_side: int
+    size: tuple[int, int]
+
+
+def page_pixels(data: bytes, detail_side: int, size: tuple[int, int] | None = None) -> Image.Image:
+    """The page as the engine sees it: decoded, capped for its detail, and resized to `size` when the token
+    budget shrank it. One function for both paths: `prepare` here and the engine service."""
+    img = resize_for_detail(decode_rgb(data), detail_side)
+    return img if size is None or size == img.size else img.resize(size, Image.Resampling.LANCZOS)
 
 
 @dataclass
@@ -68,6 +106,9 @@ class Request:
     last: ExtractionResult | None = None
     resubmitted: bool = False
     seen_starts: int = 0
+    cap: int = 0  # max_tokens of the next attempt: the run's, or smaller after a loop (repetition.retry_cap)
+    looped: bool = False  # an attempt was stopped by the repetition guard (retried once)
+    pending: Future[Completion] | None = None  # the engine's future of the attempt in flight
 
 
 def prepare(task: PageTask, tokenizer: Any, cfg: ExtractConfig, controls: Sequence[str] | None = None) -> Request:
@@ -76,13 +117,13 @@ def prepare(task: PageTask, tokenizer: Any, cfg: ExtractConfig, controls: Sequen
     against max_model_len, shrinking the page image when that is enough to make it fit."""
     controls = control_tokens(tokenizer) if controls is None else controls
     if cfg.markdown is not None:
-        messages = cfg.markdown.messages(task.hint, controls)
+        messages = cfg.markdown.messages(task.hint, controls, cfg.prompt_layout)
     else:
-        messages = chat_messages(cfg.schema.schema, task.hint, tokenizer, controls)
+        messages = chat_messages(cfg.schema.schema, task.hint, tokenizer, controls, cfg.prompt_layout)
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     # The template holds one image placeholder token, which the engine expands to image_tokens.
     text_tokens = len(tokenizer.encode(text, add_special_tokens=False)) - 1
-    img = resize_for_detail(decode_rgb(task.page.image), task.page.detail_side)
+    img = page_pixels(task.page.image, task.page.detail_side)
     size = budget.fit_image(img.width, img.height, text_tokens, cfg.max_tokens, cfg.max_model_len, cfg.model_family)
     if size is None:
         return Request(None, text_tokens, img.width, img.height, result=ExtractionResult(
@@ -90,8 +131,16 @@ def prepare(task: PageTask, tokenizer: Any, cfg: ExtractConfig, controls: Sequen
             message=f"prompt needs {text_tokens} text tokens + {cfg.max_tokens} output tokens; "
                     f"max_model_len is {cfg.max_model_len}"))
     if size != img.size:
-        img = img.resize(size, Image.Resampling.LANCZOS)
-    return Request({"prompt": text, "multi_modal_data": {"image": img}}, text_tokens, img.width, img.height)
+        img = page_pixels(task.page.image, task.page.detail_side, size)
+    source = PageSource(task.page.image, task.page.detail_side, size)
+    return Request({"prompt": text, "multi_modal_data": {"image": img}, "page": source}, text_tokens, img.width,
+                   img.height)
+
+
+def stop_reason(finish_reason: str | None) -> str | None:
+    """schemas.records.STOP_REASONS of an engine's finish reason (vLLM's and the OpenAI API's spell them
+    alike); None for one that is not an end of an answer (an abort)."""
+    return finish_reason if finish_reason in ("stop", "length", REPETITION) else None
 
 
 def usage(output: Any, image_id: int | None) -> tuple[int, int, int]:
@@ -110,21 +159,26 @@ def judge(output: Any, image_id: int | None, validator: SchemaValidator, attempt
     reason. Pure. Markdown: `extraction` is the front matter as JSON, `markdown` the page text."""
     img_t, txt_t, out_t = usage(output, image_id)
     completion = output.outputs[0]
+    ended = stop_reason(completion.finish_reason)
+    counts = {"image_tokens": img_t, "text_tokens": txt_t, "output_tokens": out_t, "stop_reason": ended,
+              "cached_prompt_tokens": getattr(output, "num_cached_tokens", None) or 0}
     if markdown is not None:
         parsed = markdown.parse(completion.text, completion.finish_reason)
+        cut = (TRUNCATED_FLAG,) if parsed.truncated else (REPETITION,) if ended == REPETITION else ()
         return ExtractionResult(
             status=OK if parsed.ok else INVALID, reason_code=parsed.reason_code,
             extraction=json.dumps(parsed.front_matter, sort_keys=True) if parsed.ok else None,
-            markdown=parsed.markdown, validation_errors=parsed.errors,
-            flags=(TRUNCATED_FLAG,) if parsed.ok and parsed.truncated else (),
-            image_tokens=img_t, text_tokens=txt_t, output_tokens=out_t,
-            message=None if parsed.ok else f"attempt {attempt}: {'; '.join(parsed.errors)[:400]}")
+            markdown=parsed.markdown, validation_errors=parsed.errors, flags=cut if parsed.ok else (),
+            message=None if parsed.ok else f"attempt {attempt}: {'; '.join(parsed.errors)[:400]}", **counts)
+    if ended == REPETITION:  # stopped inside a loop: whatever JSON there is, it is cut off
+        loop = f"the answer repeated a pattern of at most {MAX_PERIOD} tokens for {SPAN} tokens: stopped"
+        return ExtractionResult(status=INVALID, reason_code=REPETITION, validation_errors=(loop,),
+                                message=f"attempt {attempt}: {loop}", **counts)
     checked = validator.parse_and_validate(completion.text, completion.finish_reason)
     return ExtractionResult(
         status=OK if checked.ok else INVALID, reason_code=checked.reason_code,
         extraction=completion.text if checked.ok else None, validation_errors=tuple(checked.errors),
-        image_tokens=img_t, text_tokens=txt_t, output_tokens=out_t,
-        message=None if checked.ok else f"attempt {attempt}: {'; '.join(checked.errors)[:400]}")
+        message=None if checked.ok else f"attempt {attempt}: {'; '.join(checked.errors)[:400]}", **counts)
 
 
 def failed(reason: str, message: str) -> ExtractionResult:
@@ -144,7 +198,9 @@ class PageFeed:
         self._lock = threading.Lock()
         self._done: queue.SimpleQueue[tuple[Request, Future[ExtractionResult], Future[Completion]]] = \
             queue.SimpleQueue()
-        self._params: dict[int, Any] = {}
+        self._params: dict[tuple[int, int], Any] = {}
+        self._finishing = threading.Lock()  # the driver and the deadline thread may both end a page
+        self._deadlines = Deadlines(self._expire)
         self._image_id: int | None = None
         self._controls: tuple[Any, tuple[str, ...]] | None = None  # (tokenizer, its control tokens)
         self._users = 0
@@ -213,21 +269,40 @@ class PageFeed:
             return self._finish(req, result, req.result)
         self._submit(req, result)
 
-    def _sampling(self, attempt: int) -> Any:
-        if attempt not in self._params:
+    def _sampling(self, attempt: int, cap: int) -> Any:
+        if (attempt, cap) not in self._params:
             make = getattr(self.engine, "sampling_params", None)  # a served engine's own fields
-            self._params[attempt] = (make(self.cfg.schema, self.cfg.max_tokens, attempt) if make is not None else
-                                     sampling_params(self.cfg.schema, self.cfg.max_tokens, attempt, self.cfg.markdown))
-        return self._params[attempt]
+            self._params[attempt, cap] = (make(self.cfg.schema, cap, attempt) if make is not None else
+                                          sampling_params(self.cfg.schema, cap, attempt, self.cfg.markdown))
+        return self._params[attempt, cap]
 
     def _submit(self, req: Request, result: Future[ExtractionResult]) -> None:
         req.seen_starts = self.engine.starts
         try:
-            done = self.engine.submit(req.prompt or {}, self._sampling(min(req.attempts + 1, 2)))
+            done = self.engine.submit(req.prompt or {}, self._sampling(min(req.attempts + 1, 2),
+                                                                       req.cap or self.cfg.max_tokens))
         except Exception as err:  # noqa: BLE001 - handled with the engine's other failures
             done = Future()
             done.set_exception(err)
+        req.pending = done
+        if self.cfg.answer_timeout_s > 0:
+            self._deadlines.add(self.cfg.answer_timeout_s, (req, result, done))
         done.add_done_callback(lambda f: self._done.put((req, result, f)))
+
+    def _expire(self, item: tuple[Request, Future[ExtractionResult], Future[Completion]]) -> None:
+        """--answer-timeout-s passed since this attempt was submitted: if it is still the page's attempt in
+        flight, the engine aborts it (its sequence freed) and the page ends `engine_timeout`, its slot freed."""
+        req, result, done = item
+        if result.done() or done.done() or req.pending is not done:
+            return  # answered in time (or already handled by the driver)
+        try:
+            self.engine.abort(done)
+        except Exception as err:  # noqa: BLE001 - an engine that cannot abort finishes the request unread
+            log.warning("engine abort: %s: %s", type(err).__name__, err)
+        req.attempts += 1
+        late = failed("engine_timeout", f"attempt {req.attempts}: no answer within --answer-timeout-s "
+                                        f"{self.cfg.answer_timeout_s:g} s")
+        self._finish(req, result, replace(late, stop_reason="deadline"))
 
     def _drive(self) -> None:
         while True:
@@ -239,6 +314,8 @@ class PageFeed:
                 self._finish(req, result, failed("engine_error", f"{type(err).__name__}: {err}"))
 
     def _on_done(self, req: Request, result: Future[ExtractionResult], done: Future[Completion]) -> None:
+        if result.done():
+            return  # the page already ended (its deadline passed): a late answer or abort is not read
         err = done.exception()
         reason = getattr(err, "reason_code", None)
         if reason is not None:  # a served request that failed after its own retries: final, with its reason
@@ -257,9 +334,14 @@ class PageFeed:
             req.attempts += 1
             req.gpu_seconds += completion.gpu_seconds
             judged = judge(completion.output, self._image_id, self.validator, req.attempts, self.cfg.markdown)
-            if judged.status == OK:
+            looped = judged.stop_reason == REPETITION
+            if judged.status == OK and not looped:
                 return self._finish(req, result, judged)
             req.last = judged
+            if looped:  # one more try, with the next decoding setting and a smaller cap; then it stands
+                if req.looped:
+                    return self._finish(req, result, judged)
+                req.looped, req.cap = True, retry_cap(req.cap or self.cfg.max_tokens)
         if req.attempts < self.cfg.max_attempts:
             return self._submit(req, result)
         self._finish(req, result, req.last)
@@ -273,12 +355,13 @@ class PageFeed:
             log.error("engine could not restart: %s: %s", type(err).__name__, err)
 
     def _finish(self, req: Request, result: Future[ExtractionResult], final: ExtractionResult) -> None:
-        if result.done():
-            return
-        req.prompt = None  # the decoded image goes now, not when the row is written
-        self.slots.release()
-        result.set_result(replace(final, attempts=req.attempts, gpu_seconds=req.gpu_seconds, sent_width=req.width,
-                                  sent_height=req.height, finished_at=dt.datetime.now(dt.UTC)))
+        with self._finishing:
+            if result.done():
+                return
+            req.prompt = None  # the decoded image goes now, not when the row is written
+            self.slots.release()
+            result.set_result(replace(final, attempts=req.attempts, gpu_seconds=req.gpu_seconds, sent_width=req.width,
+                                      sent_height=req.height, finished_at=dt.datetime.now(dt.UTC)))
 
 
 def extract_all(engine: PageEngine, tasks: list[PageTask], cfg: ExtractConfig,

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from transforms.engines.heap import HeapTrimmer, fix_mmap_threshold
+from transforms.engines.repetition import StreamedAnswer, aborted
 
 log = logging.getLogger(__name__)
 CPU_MAX_NUM_SEQS = 16
@@ -143,6 +144,7 @@ class EngineOutput:
     # (image, text, output) tokens as a served endpoint reports them (its `usage`), where there are no
     # token ids to count; None: counted from the token ids.
     token_counts: tuple[int, int, int] | None = None
+    num_cached_tokens: int | None = None  # prompt tokens from the prefix cache (vLLM's RequestOutput field)
 
 
 def image_token_id_of(tok: Any) -> int | None:
@@ -168,9 +170,15 @@ class PageEngine(Protocol):
     starts: int  # how many times the engine has started: `restart(seen)` is a no-op once it moved on
 
     def submit(self, request: dict[str, Any], params: Any) -> Future[Completion]:
-        """Queue one request ({"prompt": text, "multi_modal_data": {"image": PIL image}}). The
+        """Queue one request ({"prompt": text, "multi_modal_data": {"image": PIL image}}, and from the feed
+        "page": its encoded source, transforms/engines/feed.py PageSource). The
         future fails with ValueError when the engine rejects the request, with any other
         exception when the engine itself failed."""
+        ...
+
+    def abort(self, future: Future[Completion]) -> None:
+        """Stop the request behind `future` (its caller gave up on it: --answer-timeout-s), freeing its
+        sequence; the future then fails. A no-op for one already done."""
         ...
 
     def tokenizer(self) -> Any: ...
@@ -199,6 +207,7 @@ class Engine:
         self.start_error: Exception | None = None
         self.busy_seconds = 0.0
         self._queue: queue.SimpleQueue[tuple[dict[str, Any], Any, Future[Completion]]] = queue.SimpleQueue()
+        self._aborts: queue.SimpleQueue[Future[Completion]] = queue.SimpleQueue()
         self._ids = itertools.count()
         self._loop_thread: threading.Thread | None = None
         self._stopped = threading.Event()
@@ -292,6 +301,10 @@ class Engine:
         self._queue.put((request, params, future))
         return future
 
+    def abort(self, future: Future[Completion]) -> None:
+        if not future.done():
+            self._aborts.put(future)  # the loop owns the engine: it aborts the request at its next turn
+
     def _step(self, core: Any) -> list[Any]:
         """One engine step (a seam for fault injection in tests)."""
         return core.step()
@@ -301,14 +314,16 @@ class Engine:
 
         # LLM.generate's own path, one request at a time: render the prompt (the image processor
         # runs here), then add it under our id, which the RequestOutput carries back.
-        engine_input = llm._preprocess_cmpl_one(request)
-        params.output_kind = RequestOutputKind.FINAL_ONLY
+        # The request's "page" (its encoded source, for the engine service) is not vLLM's.
+        engine_input = llm._preprocess_cmpl_one({k: v for k, v in request.items() if k != "page"})
+        # Every step's new tokens, so that the repetition guard sees the answer as it is decoded.
+        params.output_kind = RequestOutputKind.DELTA
         request_id = str(next(self._ids))
         llm.llm_engine.add_request(request_id, engine_input, params)
         return request_id
 
     def _loop(self, stopped: threading.Event) -> None:
-        in_flight: dict[str, list[Any]] = {}  # request id -> [future, gpu seconds so far]
+        in_flight: dict[str, StreamedAnswer] = {}  # request id -> its answer so far
         generation = self.starts
         while not stopped.is_set():
             new = []
@@ -325,7 +340,7 @@ class Engine:
                 llm = self.llm
                 if generation != self.starts or llm is None:
                     # The engine was closed or re-created: what it held is gone.
-                    failed += [(f, RuntimeError("engine was restarted")) for f, _ in in_flight.values()]
+                    failed += [(a.future, RuntimeError("engine was restarted")) for a in in_flight.values()]
                     in_flight.clear()
                     generation = self.starts
                 for request, params, future in new:
@@ -333,26 +348,43 @@ class Engine:
                         failed.append((future, RuntimeError("engine is not running")))
                         continue
                     try:
-                        in_flight[self._admit(llm, request, params)] = [future, 0.0]
+                        in_flight[self._admit(llm, request, params)] = StreamedAnswer(future)
                     except Exception as err:  # noqa: BLE001 - a rejected request (ValueError) fails alone
                         failed.append((future, err))
+                stop = aborted(self._aborts, in_flight)  # given up by their callers (--answer-timeout-s)
+                for rid in stop:
+                    failed.append((in_flight.pop(rid).future, RuntimeError("request aborted: answer timeout")))
                 if in_flight:
                     t0 = time.perf_counter()
                     try:
                         outputs = self._step(llm.llm_engine)
                     except Exception as err:  # noqa: BLE001 - the engine died: every request in it fails
                         log.error("vLLM engine step failed: %s: %s", type(err).__name__, err)
-                        failed += [(f, err) for f, _ in in_flight.values()]
+                        failed += [(a.future, err) for a in in_flight.values()]
                         in_flight.clear()
                         outputs = []
                     seconds = time.perf_counter() - t0
                     self.busy_seconds += seconds
-                    for entry in in_flight.values():
-                        entry[1] += seconds / len(in_flight)
+                    for answer in in_flight.values():
+                        answer.gpu_seconds += seconds / len(in_flight)
                     for out in outputs:
-                        if out.finished and out.request_id in in_flight:
-                            future, gpu = in_flight.pop(out.request_id)
-                            finished.append((future, Completion(out, gpu)))
+                        answer = in_flight.get(out.request_id)
+                        if answer is None:
+                            continue
+                        looping = answer.add(out)
+                        if out.finished or looping:
+                            reason = out.outputs[0].finish_reason if out.finished else "repetition"
+                            if not out.finished:
+                                stop.append(out.request_id)
+                            del in_flight[out.request_id]
+                            output = EngineOutput(list(out.prompt_token_ids or []), [Sample(*answer.sample(reason))],
+                                                  num_cached_tokens=getattr(out, "num_cached_tokens", None))
+                            finished.append((answer.future, Completion(output, answer.gpu_seconds)))
+                if stop and llm is not None:
+                    try:
+                        llm.llm_engine.abort_request(stop)
+                    except Exception as err:  # noqa: BLE001 - a dead engine holds nothing to free
+                        log.warning("abort: %s: %s", type(err).__name__, err)
             # Outside the lock: callbacks run here.
             for future, err in failed:
                 future.set_exception(err)
@@ -360,5 +392,5 @@ class Engine:
                 future.set_result(completion)
             if finished:
                 self._heap.maybe_trim()
-        for future, _ in in_flight.values():  # stopped with requests in it: they fail, never hang
-            future.set_exception(RuntimeError("engine was shut down"))
+        for answer in in_flight.values():  # stopped with requests in it: they fail, never hang
+            answer.future.set_exception(RuntimeError("engine was shut down"))

@@ -43,6 +43,7 @@ EXCLUDE: Mapping[str, Mapping[str, str]] = {
         "prices": "prices the page, does not change its answer",
         "max_in_flight": "how many pages are queued at the engine: throughput, not the answer",
         "route": "how the ledger counts the cost (model, served, api:...); the model is keyed by name",
+        "answer_timeout_s": "a time limit, not a setting of the answer (like every timeout)",
     },
     "EngineSettings": {
         # model, model_revision and max_model_len are keyed (ExtractConfig keys them too: harmless).

@@ -32,7 +32,7 @@ from transforms.engines.local import CPU_MAX_NUM_SEQS, Engine, EngineSettings, P
 from transforms.model import budget
 from transforms.model.markdown import MarkdownFormat, front_matter_columns
 from transforms.model.postfilter import OutputFlags, markdown_flags, output_flags
-from transforms.model.prompt import SYSTEM_PROMPT, DecodingParams, cache_key, config_key
+from transforms.model.prompt import SHARED_FIRST, SYSTEM_PROMPT, DecodingParams, cache_key, config_key
 from transforms.output.cache import cached_row
 from transforms.pages.sizes import low_detail_size
 
@@ -57,6 +57,8 @@ class ExtractConfig:
     route: str = "model"  # the ledger route of pages sent to the model: model, served or api:<provider>
     # Markdown output (transforms/model/markdown.py); `schema` is then its front matter's schema, named after it.
     markdown: MarkdownFormat | None = None
+    prompt_layout: str = SHARED_FIRST  # transforms.model.prompt.PROMPT_LAYOUTS: keyed, it changes the prompt
+    answer_timeout_s: float = 0.0  # wall-clock limit of one answer (transforms/engines/feed.py); 0: none
 
     @property
     def decoding(self) -> DecodingParams:
@@ -107,6 +109,7 @@ def to_rows(result: Any, engine: EngineSettings, cfg: ExtractConfig) -> Iterator
                           api_equivalent_usd=api_usd,
                           flags=tuple(dict.fromkeys(page.flags + r.flags + out.flags)),
                           flag_detail=page.flag_detail + out.notes, image_tokens_saved=saved,
+                          cached_prompt_tokens=r.cached_prompt_tokens, stop_reason=r.stop_reason,
                           extracted_at=r.finished_at, **_common(task, r, engine, cfg))
 
 

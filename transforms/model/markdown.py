@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from schemas.extraction import ExtractionSchema, load_schema
-from transforms.model.prompt import fenced_hint, strip_controls
+from transforms.model.prompt import IMAGE_PART, SHARED_FIRST, fenced_hint, strip_controls, user_content
 
 FRONT_MATTER_INVALID = "front_matter_invalid"
 TRUNCATED_FLAG = "truncated_output"
@@ -111,14 +111,17 @@ class MarkdownFormat:
                            "regex": self.regex, "version": self.version}, sort_keys=True)
         return ExtractionSchema(self.name, hashlib.sha256(text.encode()).hexdigest(), schema, f"markdown:{self.name}")
 
-    def messages(self, hint: str, controls: Sequence[str] = ()) -> list[dict[str, Any]]:
-        """Chat messages for the model's own template."""
-        if self.prompt == "olmocr_v4_yaml":  # olmOCR: no system message, no page text (it reads the image)
-            return [{"role": "user", "content": [{"type": "text", "text": OLMOCR_V4_PROMPT}, {"type": "image"}]}]
+    def messages(self, hint: str, controls: Sequence[str] = (), layout: str = SHARED_FIRST,
+                 image: Mapping[str, Any] = IMAGE_PART) -> list[dict[str, Any]]:
+        """Chat messages for the model's own template, the user turn in `layout` (transforms.model.prompt.
+        user_content). olmOCR's are as it was trained, whatever the layout: its prompt, then the image (already
+        the shared text first: it has no system message and reads no page text)."""
+        if self.prompt == "olmocr_v4_yaml":
+            return [{"role": "user", "content": [{"type": "text", "text": OLMOCR_V4_PROMPT}, dict(image)]}]
         hint = strip_controls(hint, controls).strip() if hint else ""
-        parts = ["Transcribe this page as markdown.", *fenced_hint(hint)]
         return [{"role": "system", "content": MARKDOWN_SYSTEM_PROMPT},
-                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "\n".join(parts)}]}]
+                {"role": "user", "content": user_content("Transcribe this page as markdown.", fenced_hint(hint),
+                                                         layout, image)}]
 
     def parse(self, text: str, finish_reason: str | None) -> ParsedMarkdown:
         """The model's answer as (front matter, markdown). Pure; never raises."""

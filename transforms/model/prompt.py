@@ -37,7 +37,17 @@ SYSTEM_PROMPT = (
 HINT_OPEN = "<<<{marker}"
 HINT_CLOSE = "{marker}>>>"
 # Bumped whenever the wording or layout of the prompt changes: it is part of every cache key.
-PROMPT_VERSION = "3"  # 3: the model's own control tokens are removed from the hint at extraction too
+# 3: the model's own control tokens are removed from the hint at extraction too; 4: the layouts below.
+PROMPT_VERSION = "4"
+# Where the page's own parts go. SHARED_FIRST: the system prompt and the schema (or format) text, the same for
+# every page of a run, come before the page's image and hint, so the engine's prefix cache computes them once a
+# run instead of once a page (vLLM reuses a prompt only up to its first differing token, and the image differs).
+# IMAGE_FIRST: the image right after the system prompt, then the text (pagemill's layout up to prompt version 3),
+# for a model whose training or chat template wants the image first.
+SHARED_FIRST = "shared_first"
+IMAGE_FIRST = "image_first"
+PROMPT_LAYOUTS = (SHARED_FIRST, IMAGE_FIRST)
+IMAGE_PART: Mapping[str, Any] = {"type": "image"}
 
 
 def fence_marker(hint: str) -> str:
@@ -92,23 +102,43 @@ def fenced_hint(hint: str, marker: str | None = None) -> list[str]:
             f"{HINT_OPEN.format(marker=marker)}\n{hint}\n{HINT_CLOSE.format(marker=marker)}"]
 
 
+def schema_text(schema: Mapping[str, Any]) -> str:
+    """The instruction and the schema: the part of the user turn that every page of a run shares."""
+    return "\n".join(["Extract the data on this page as JSON matching this JSON Schema:",
+                      json.dumps(schema, separators=(",", ":"), sort_keys=True)])
+
+
 def user_text(schema: Mapping[str, Any], hint: str, marker: str | None = None) -> str:
-    parts = ["Extract the data on this page as JSON matching this JSON Schema:",
-             json.dumps(schema, separators=(",", ":"), sort_keys=True), *fenced_hint(hint, marker)]
-    return "\n".join(parts)
+    return "\n".join([schema_text(schema), *fenced_hint(hint, marker)])
+
+
+def user_content(shared: str, hint_lines: Sequence[str], layout: str = SHARED_FIRST,
+                 image: Mapping[str, Any] = IMAGE_PART) -> list[dict[str, Any]]:
+    """The user turn's parts in `layout`: SHARED_FIRST is the shared text, the image, then the page's fenced
+    hint (no part when there is none); IMAGE_FIRST is the image, then all the text. `image` is the image part
+    in the engine's form ({"type": "image"} for a chat template, an image_url part for an endpoint). The one
+    home of the layout: the JSON prompt, the markdown prompt and the served request all build their turn here."""
+    if layout == IMAGE_FIRST:
+        return [dict(image), {"type": "text", "text": "\n".join([shared, *hint_lines])}]
+    if layout != SHARED_FIRST:
+        raise ValueError(f"unknown prompt layout {layout!r}; known: {', '.join(PROMPT_LAYOUTS)}")
+    # The shared text ends with a newline so that it tokenizes the same whatever page part follows it.
+    parts = [{"type": "text", "text": shared + "\n"}, dict(image)]
+    return parts + ([{"type": "text", "text": "\n".join(hint_lines)}] if hint_lines else [])
 
 
 def chat_messages(schema: Mapping[str, Any], hint: str, tokenizer: Any = None,
-                  controls: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """Messages for the model's own chat template: one image part, then the text part. The hint is
-    cleaned again here, with the tokenizer's own control tokens: `controls` when the caller computed them
-    once (`control_tokens(tokenizer)`), else from `tokenizer` when it is given."""
+                  controls: Sequence[str] | None = None, layout: str = SHARED_FIRST,
+                  image: Mapping[str, Any] = IMAGE_PART) -> list[dict[str, Any]]:
+    """Messages for the model's own chat template: the system prompt, then the user turn in `layout`
+    (`user_content`). The hint is cleaned again here, with the tokenizer's own control tokens: `controls` when
+    the caller computed them once (`control_tokens(tokenizer)`), else from `tokenizer` when it is given."""
     if controls is None:
         controls = control_tokens(tokenizer) if tokenizer is not None else ()
     hint = strip_controls(hint, controls).strip() if hint else ""
     return [
         {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": user_text(schema, hint)}]},
+        {"role": "user", "content": user_content(schema_text(schema), fenced_hint(hint), layout, image)},
     ]
 
 
