@@ -158,6 +158,7 @@ class PageImage:
     has_raster: bool = True
     # Set by the safety gate and the hints stage.
     pdq_hash: str | None = None
+    pdq_hash_low: str | None = None  # of the low-detail rendition, where the page has one (--detail auto)
     hint: str = ""
     hint_coverage: float = 0.0
     detail: str = "high"  # "low": sent at most `detail_side` px on the longest side
@@ -205,6 +206,7 @@ class PageRow:
     flag_detail: tuple[str, ...] = ()
     quarantine_detail: str | None = None  # JSON: which check, list and distance, or classifier and score
     pdq_hash: str | None = None
+    pdq_hash_low: str | None = None  # of the low-detail rendition: reuse re-checks it as the gate did
     image_tokens_saved: int = 0  # image tokens that sending the page at full detail would have cost more
     rendered_at: dt.datetime | None = None  # the page left the CPU stages
     extracted_at: dt.datetime | None = None  # its result came back (cached, duplicate: was available)
@@ -225,7 +227,7 @@ class PageRow:
         then `fields` (the result's columns, route, merged flags...) over it. `hinted=False`: a page
         stopped at the safety gate, before the hints stage: its identity and hashes only."""
         carried: dict[str, Any] = {"page_hash": page.page_hash, "width": page.width, "height": page.height,
-                                   "pdq_hash": page.pdq_hash}
+                                   "pdq_hash": page.pdq_hash, "pdq_hash_low": page.pdq_hash_low}
         if hinted:
             carried.update(hint_source=page.hint_source, hint=page.hint or None, hint_coverage=page.hint_coverage,
                            detail=page.detail, flags=page.flags, flag_detail=page.flag_detail,

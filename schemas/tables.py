@@ -65,6 +65,9 @@ PAGES = pa.schema([
     ("rotation_correction", pa.int64()),
     ("is_table", pa.bool_()),
     ("is_diagram", pa.bool_()),
+    # The PDQ of the page's low-detail rendition (--detail auto), which reuse re-checks as the gate does
+    # (nullable; files written before this column read it as null, and their pages are gated again).
+    ("pdq_hash_low", pa.string()),
 ])
 
 LEDGER = pa.schema([

@@ -1,8 +1,10 @@
 """The result cache obeys today's safety gate (issue 16, item 1), end to end with the real tiny model.
 
-Run 1 extracts an invoice, a photo and a harmless gradient. Run 2 blocklists the invoice's page by its
-page hash and the photo's page by its PDQ hash, both read back from run 1's `pages` table: the pages must
-come back `quarantined` (reason `blocked_hash`), never `cached`, and no request reaches the engine. Run 3
+Run 1 extracts an invoice, a photo, a picture of fine lines and a harmless gradient. Run 2 blocklists the
+invoice's page by its page hash, the photo's page by its PDQ hash, and the lines with a PDQ entry 28 bits from
+their low-detail rendition and 32 from the page as rendered (issue 22: the gate stops that, so reuse must too),
+all read back from run 1's `pages` table: the pages must come back `quarantined` (reason `blocked_hash`),
+never `cached`, and no request reaches the engine. Run 3
 lowers `--nsfw-threshold` under the gradient's score: the gradient must be re-screened and quarantined,
 not reused. A probe on the engine records every request it is given.
 """
@@ -24,6 +26,7 @@ from pipelines.settings import run_settings
 from tests import docmaker
 from tests.conftest import vllm_available
 from tests.pipelines.test_safety_pipeline import ProbeEngine
+from tests.transforms.output.test_cache_reuse import entry_between, stripes
 from tests.transforms.safety.test_gate import _gradient, encode, photo
 from transforms.output.run_root import tenant_files
 from transforms.safety.classifiers import NudeNetClassifier
@@ -73,14 +76,17 @@ def runs(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path) -> dict
     (root / "in" / "invoice.pdf").write_bytes(docmaker.invoice_pdf())
     (root / "in" / "photo.png").write_bytes(encode(photo(5)))
     (root / "in" / "gradient.png").write_bytes(encode(_gradient()))
+    (root / "in" / "lines.png").write_bytes(encode(stripes(20)))  # 800x600 under --max-side 800: a low rendition
     score, _ = NudeNetClassifier().score(_gradient())
     assert 0.01 < score < 0.9, score  # the probe needs a real score between the two thresholds below
     out = root / "out"
     first = run_once(root, test_model_dir, "r1", ["--nsfw-threshold", "0.95"])
     earlier = pages(out, "r1")
     blocklist = root / "today.txt"
+    lines = earlier["lines.png"]
     blocklist.write_text(f"# listed after run 1, from its pages table\nsha256:{earlier['invoice.pdf']['page_hash']}\n"
-                         f"pdq:{earlier['photo.png']['pdq_hash']}\n")
+                         f"pdq:{earlier['photo.png']['pdq_hash']}\n"
+                         f"pdq:{entry_between(lines['pdq_hash'], lines['pdq_hash_low'])}\n")
     second = run_once(root, test_model_dir, "r2", ["--nsfw-threshold", "0.95", "--blocklist", str(blocklist)])
     third = run_once(root, test_model_dir, "r3", ["--nsfw-threshold", f"{score / 2:.4f}"])
     return {"out": out, "requests": {"r1": first, "r2": second, "r3": third}, "score": score}
@@ -89,21 +95,25 @@ def runs(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path) -> dict
 def test_first_run_extracts_everything(runs: dict[str, Any]) -> None:
     d = docs(runs["out"], "r1")
     assert {k: v["outcome"] for k, v in d.items()} == {"invoice.pdf": "extracted", "photo.png": "extracted",
-                                                      "gradient.png": "extracted"}
+                                                      "gradient.png": "extracted", "lines.png": "extracted"}
     p = pages(runs["out"], "r1")
     assert p["photo.png"]["pdq_hash"] and p["invoice.pdf"]["page_hash"]
-    assert len(runs["requests"]["r1"]) == 3
+    assert p["lines.png"]["pdq_hash_low"] and p["photo.png"]["pdq_hash_low"] is None  # 640 px: no smaller rendition
+    assert len(runs["requests"]["r1"]) == 4
 
 
 def test_blocklisted_pages_are_quarantined_never_cached(runs: dict[str, Any]) -> None:
     d, p = docs(runs["out"], "r2"), pages(runs["out"], "r2")
-    for name, kind in (("invoice.pdf", "sha256"), ("photo.png", "pdq")):
+    for name, kind in (("invoice.pdf", "sha256"), ("photo.png", "pdq"), ("lines.png", "pdq")):
         assert (d[name]["outcome"], d[name]["reason_code"]) == ("quarantined", "blocked_hash"), d[name]
         page = p[name]
         assert (page["status"], page["reason_code"], page["route"]) == ("quarantined", "blocked_hash", "quarantined")
         assert page["extraction"] is None and page["cost_usd"] == 0
         detail = json.loads(page["quarantine_detail"])
         assert detail["kind"] == kind and detail["list"].endswith("today.txt")
+    # Before issue 22's fix the lines came back `cached`: reuse checked the full page only (32 bits: over 31).
+    assert (json.loads(p["lines.png"]["quarantine_detail"])["where"], p["lines.png"]["pdq_hash_low"]) == \
+        ("page at low detail", pages(runs["out"], "r1")["lines.png"]["pdq_hash_low"])
     # The control: a page no list names is still reused from run 1.
     assert d["gradient.png"]["outcome"] == "cached" and p["gradient.png"]["status"] == "cached"
     # Nothing reached the model: blocked pages were stopped by their stored hashes, the rest was cached.

@@ -8,12 +8,13 @@ Two levels, both before any model call:
 
 Safety before reuse (the rule): the cache never vouches for a page that today's gate would stop.
 - Blocklists are re-checked, never keyed: before a document's earlier rows are reused, each page's
-  stored `page_hash` (sha256 entries) and `pdq_hash` (PDQ entries, `--pdq-threshold`) are matched
-  against today's lists, without rendering. A hit becomes a `quarantined` page (`blocked_hash`, no
-  extraction), so the document is `quarantined` or `partial`, never `cached`. A page whose row lacks
-  the hash a list needs (older rows) is not trusted: its document is rendered and gated again (the
-  page-level cache after the gate still spares the model). Lists change daily; re-checking by hash
-  keeps the cache without trusting it.
+  stored `page_hash` (sha256 entries), `pdq_hash` and, where the page has a low-detail rendition,
+  `pdq_hash_low` (PDQ entries, `--pdq-threshold`) are matched against today's lists, without rendering,
+  by the live gate's own function (`BlocklistCheck.check_page`: same renditions, same threshold). A
+  hit becomes a `quarantined` page (`blocked_hash`, no extraction), so the document is `quarantined`
+  or `partial`, never `cached`. A page whose row lacks a hash a list needs (older rows) is not trusted:
+  its document is rendered and gated again (the page-level cache after the gate still spares the model).
+  Lists change daily; re-checking by hash keeps the cache without trusting it.
 - The classifier, its threshold and the extra `--safety-check`s cannot be re-checked from a row, so
   they are part of the cache configuration (`SafetyConfig.key_form`, transforms/safety/gate.py): changing any of
   them makes every page go through the gate (and the model) again.
@@ -39,6 +40,7 @@ CACHE_COLUMNS = ["tenant", "doc_sha256", "page_index", "page_hash", "cache_key",
                  "schema_id", "schema_hash", "model", "model_revision", "extraction", "validation_errors",
                  "flags", "hint_source", "width", "height", "created_at",
                  "pdq_hash",  # issue 16: reused pages are re-checked against today's PDQ lists
+                 "pdq_hash_low",  # issue 22: and so is their low-detail rendition, as at the gate
                  # markdown output (older files lack them: read as absent)
                  "markdown", "primary_language", "is_rotation_valid", "rotation_correction", "is_table", "is_diagram"]
 
@@ -58,7 +60,7 @@ def cached_row(earlier: Mapping[str, Any], doc_sha256: str, source_uri: str, pag
         extraction=earlier.get("extraction"),
         validation_errors=tuple(earlier.get("validation_errors") or ()),
         flags=tuple(earlier.get("flags") or ()), hint_source=earlier.get("hint_source") or "none",
-        pdq_hash=earlier.get("pdq_hash"),  # kept, so that the next run can re-check this copy
+        pdq_hash=earlier.get("pdq_hash"), pdq_hash_low=earlier.get("pdq_hash_low"),  # the next run re-checks it
         markdown=earlier.get("markdown"), primary_language=earlier.get("primary_language"),
         is_rotation_valid=earlier.get("is_rotation_valid"),
         rotation_correction=earlier.get("rotation_correction"), is_table=earlier.get("is_table"),
@@ -66,23 +68,28 @@ def cached_row(earlier: Mapping[str, Any], doc_sha256: str, source_uri: str, pag
         route="cache", message="extraction reused from an earlier run")
 
 
-def _preferred(row: Mapping[str, Any]) -> tuple[bool, Any]:
-    # A row that carries its PDQ hash can be re-checked; among those, the latest.
-    return row.get("pdq_hash") is not None, row["created_at"]
+def _preferred(row: Mapping[str, Any]) -> tuple[bool, bool, Any]:
+    # A row that carries its PDQ hashes can be re-checked; among those, the latest.
+    return row.get("pdq_hash") is not None, row.get("pdq_hash_low") is not None, row["created_at"]
 
 
-def unverifiable(row: Mapping[str, Any], lists: BlocklistCheck) -> bool:
+def stored_hashes(row: Mapping[str, Any], low_side: int) -> tuple[Any, ...]:
+    """What BlocklistCheck.check_page takes, from a stored row: page hash, rendered size, low side, PDQs."""
+    size = (row.get("width") or 0, row.get("height") or 0)
+    return row.get("page_hash"), size, low_side, row.get("pdq_hash"), row.get("pdq_hash_low")
+
+
+def unverifiable(row: Mapping[str, Any], lists: BlocklistCheck, low_side: int = 0) -> bool:
     """True when today's lists need a hash that the earlier row does not hold (fail closed)."""
-    return bool((lists.lists.sha256 and not row.get("page_hash"))
-                or (len(lists.lists.pdq_sources) and not row.get("pdq_hash")))
+    return lists.lacks_hashes(*stored_hashes(row, low_side))
 
 
 def document_from_cache(doc: DocumentRecord, earlier: Iterable[Mapping[str, Any]],
-                        lists: BlocklistCheck | None = None) -> list[PageRow] | None:
+                        lists: BlocklistCheck | None = None, low_side: int = 0) -> list[PageRow] | None:
     """A row for every page of the document from earlier runs' rows, or None if the document must be
     rendered (a page is missing, or cannot be re-checked against `lists`). Each page is re-checked
-    against today's `lists` by its stored hashes: a match is a `quarantined` row, else a `cached` copy.
-    Pure."""
+    against today's `lists` by its stored hashes, as the gate checks a rendered page (`low_side`: the
+    gate's low-detail side): a match is a `quarantined` row, else a `cached` copy. Pure."""
     chosen: dict[int, Mapping[str, Any]] = {}
     for row in earlier:
         index = row["page_index"]
@@ -95,9 +102,9 @@ def document_from_cache(doc: DocumentRecord, earlier: Iterable[Mapping[str, Any]
         row = chosen[i]
         verdict = None
         if lists is not None:
-            if unverifiable(row, lists):
+            if unverifiable(row, lists, low_side):
                 return None
-            verdict = lists.check_hashes(row.get("page_hash") or "", [("page", row.get("pdq_hash"))])
+            verdict = lists.check_page(*stored_hashes(row, low_side))
         out.append(cached_row(row, doc.doc_sha256, doc.uri, i) if verdict is None
                    else quarantined_reuse(row, doc.doc_sha256, doc.uri, i, verdict))
     return out
@@ -130,7 +137,8 @@ class _SplitCachedDocuments(LoadsChecks):
         grouped = keyed[1]
         earlier = grouped["earlier"]
         for doc in grouped["docs"]:
-            rows = document_from_cache(doc, earlier, self.checks.blocklist) if earlier else None
+            rows = document_from_cache(doc, earlier, self.checks.blocklist, self.cfg.low_detail_side) \
+                if earlier else None
             if rows is None:
                 yield doc
             else:

@@ -67,8 +67,10 @@ class SafetyConfig:
     low_detail_side: int = 0  # > 0: pages may be sent this small, so that rendition is checked too
 
     def lists_only(self) -> SafetyConfig:
-        """What checks stored hashes (documents, reused pages): no classifier, no extra checks."""
-        return SafetyConfig(blocklists=self.blocklists, pdq_threshold=self.pdq_threshold)
+        """What checks stored hashes (documents, reused pages): no classifier, no extra checks; the same
+        renditions (low detail) and threshold as the live gate."""
+        return SafetyConfig(blocklists=self.blocklists, pdq_threshold=self.pdq_threshold,
+                            low_detail_side=self.low_detail_side)
 
     def key_form(self) -> SafetyConfig:
         """The form the cache key holds (transforms/model/cache_key.py): the extra checks as a set (the first
@@ -92,6 +94,30 @@ def match_verdict(match: Match, where: str) -> Verdict:
     return Verdict("blocked_hash", message, detail)
 
 
+LOW_DETAIL = "page at low detail"
+
+
+def has_low_rendition(size: tuple[int, int], low_side: int) -> bool:
+    """Pure: whether a page of `size` px may be sent smaller than rendered (`--detail auto`), so that rendition
+    is checked too: the one rule, for the live gate (the rendered size) and for reuse (the stored size)."""
+    return low_side > 0 and max(size) > low_side
+
+
+def pdq_hashes(image: Image.Image, low_side: int) -> tuple[str | None, str | None]:
+    """The usable PDQ of the page as rendered, and of its low-detail rendition (None where it has none)."""
+    low = usable_pdq(resize_for_detail(image, low_side)) if has_low_rendition(image.size, low_side) else None
+    return usable_pdq(image), low
+
+
+def named_renditions(size: tuple[int, int], low_side: int, pdq: str | None,
+                     pdq_low: str | None) -> list[tuple[str, str | None]]:
+    """Pure: (name, PDQ) of each image the model may be sent, from hashes computed now or stored in a row."""
+    out = [("page", pdq)]
+    if has_low_rendition(size, low_side):
+        out.append((LOW_DETAIL, pdq_low))
+    return out
+
+
 class BlocklistCheck:
     """sha256 entries against the page hash; PDQ entries against each rendition the model may see."""
 
@@ -99,6 +125,18 @@ class BlocklistCheck:
 
     def __init__(self, lists: Blocklists, threshold: int) -> None:
         self.lists, self.threshold = lists, threshold
+
+    def check_page(self, page_hash: str | None, size: tuple[int, int], low_side: int, pdq: str | None,
+                   pdq_low: str | None) -> Verdict | None:
+        """The page's hash checks, the same for a page rendered now (the gate) and one reused from its
+        stored hashes (transforms/output/cache.py): same renditions, same threshold."""
+        return self.check_hashes(page_hash or "", named_renditions(size, low_side, pdq, pdq_low))
+
+    def lacks_hashes(self, page_hash: str | None, size: tuple[int, int], low_side: int, pdq: str | None,
+                     pdq_low: str | None) -> bool:
+        """True when today's lists need a hash that a stored row does not hold (its reuse fails closed)."""
+        pdqs = [h for _, h in named_renditions(size, low_side, pdq, pdq_low)]
+        return bool((self.lists.sha256 and not page_hash) or (len(self.lists.pdq_sources) and None in pdqs))
 
     def check_hashes(self, page_hash: str, renditions: Sequence[tuple[str, str | None]]) -> Verdict | None:
         found = self.lists.match_sha256(page_hash)
@@ -154,10 +192,7 @@ def load_checks(cfg: SafetyConfig, lists: Blocklists | None = None) -> Checks:
 
 def renditions(image: Image.Image, low_side: int) -> list[tuple[str, str | None]]:
     """(name, usable PDQ) of each image the model may be sent: as rendered, and at low detail."""
-    out = [("page", usable_pdq(image))]
-    if low_side > 0 and max(image.size) > low_side:
-        out.append(("page at low detail", usable_pdq(resize_for_detail(image, low_side))))
-    return out
+    return named_renditions(image.size, low_side, *pdq_hashes(image, low_side))
 
 
 def screen_page(page: PageImage, checks: Checks, low_side: int) -> tuple[PageImage, Verdict | None]:
@@ -171,9 +206,10 @@ def screen_page(page: PageImage, checks: Checks, low_side: int) -> tuple[PageIma
         runs = [c for c in checks.others if picture or not getattr(c, "pictures_only", False)]
         skipped = [SKIPPED_NOTE.format(name=c.name) for c in checks.others if c not in runs]
         name = "blocklist"
-        hashes = renditions(decode_luma(page.image), low_side)
-        page = replace(page, pdq_hash=hashes[0][1])
-        verdict = checks.blocklist.check_hashes(page.page_hash, hashes)
+        luma = decode_luma(page.image)
+        pdq, pdq_low = pdq_hashes(luma, low_side)
+        page = replace(page, pdq_hash=pdq, pdq_hash_low=pdq_low)  # stored: reuse re-checks both (cache.py)
+        verdict = checks.blocklist.check_page(page.page_hash, luma.size, low_side, pdq, pdq_low)
         image = decode_rgb(page.image) if runs and verdict is None else None
         for check in runs:
             if verdict is not None:
@@ -203,6 +239,7 @@ def quarantined_reuse(earlier: Mapping[str, Any], doc_sha256: str, source_uri: s
                             message=f"{verdict.message}; its earlier extraction is not reused"[:500],
                             page_hash=earlier.get("page_hash"), width=earlier.get("width"),
                             height=earlier.get("height"), route="quarantined", pdq_hash=earlier.get("pdq_hash"),
+                            pdq_hash_low=earlier.get("pdq_hash_low"),
                             quarantine_detail=json.dumps(detail, sort_keys=True))
 
 

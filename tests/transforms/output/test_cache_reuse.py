@@ -1,4 +1,5 @@
-"""The document-level result cache re-checks reused pages against today's blocklists (issue 16, item 1).
+"""The document-level result cache re-checks reused pages against today's blocklists (issue 16, item 1), with
+the live gate's own hash checks: the same renditions (the low-detail one too) and threshold (issue 22, item 3).
 
 Pure tests of `document_from_cache`; the safety part of the cache configuration is tested with the
 other settings (tests/transforms/model/test_cache_key.py); the pipeline test is
@@ -8,13 +9,17 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import random
+from dataclasses import replace
 from typing import Any
 
+from PIL import Image, ImageDraw
+
 from schemas.records import DocumentRecord
-from tests.transforms.safety.test_gate import photo
+from tests.transforms.safety.test_gate import encode, page_of, photo, write_list
 from transforms.output.cache import document_from_cache
 from transforms.safety.blocklist import load_blocklists, pdq_hash
-from transforms.safety.gate import BlocklistCheck
+from transforms.safety.gate import BlocklistCheck, SafetyConfig, load_checks, screen_page
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 DOC = DocumentRecord(uri="/in/a.pdf", size=10, doc_sha256="d" * 64, format="pdf", page_count=2)
@@ -75,3 +80,61 @@ def test_a_row_carrying_its_pdq_is_preferred_and_copied(tmp_path: Any) -> None:
     out = document_from_cache(DOC, rows, lists(tmp_path, f"pdq:{'0' * 64}\n"))
     assert out is not None and [r.status for r in out] == ["cached", "cached"]
     assert [r.pdq_hash for r in out] == ["a" * 64, "b" * 64]  # so the next run can re-check these copies
+
+
+def stripes(seed: int, size: tuple[int, int] = (1000, 750)) -> Image.Image:
+    """Fine slanted lines: a picture whose PDQ moves a few bits between full and low detail."""
+    rng = random.Random(seed)
+    img = Image.new("RGB", size, "white")
+    draw = ImageDraw.Draw(img)
+    for x in range(0, size[0], rng.choice([3, 5, 7])):
+        draw.line([(x, 0), (x + rng.randrange(-300, 300), size[1])], fill=(0, 0, 0), width=1)
+    return img
+
+
+def entry_between(full: str, low: str, to_low: int = 28) -> str:
+    """A PDQ entry `to_low` bits from the low-detail hash and 32 (33 when the two hashes differ in an odd number
+    of bits) from the full page's: moved a bits of their difference toward the full hash and the rest elsewhere,
+    so d(entry, low) = to_low and d(entry, full) = D - 2a + to_low."""
+    diff = int(full, 16) ^ int(low, 16)
+    differ = [i for i in range(256) if diff >> i & 1]
+    same = [i for i in range(256) if not diff >> i & 1]
+    a = (len(differ) - 4) // 2
+    assert 0 <= a <= to_low, len(differ)
+    entry = int(low, 16)
+    for bit in differ[:a] + same[:to_low - a]:
+        entry ^= 1 << bit
+    assert hamming(entry, int(low, 16)) == to_low and hamming(entry, int(full, 16)) in (32, 33)
+    return f"{entry:064x}"
+
+
+def hamming(a: int, b: int) -> int:
+    return bin(a ^ b).count("1")
+
+
+def test_reuse_checks_the_low_detail_rendition_as_the_gate_does(tmp_path: Any) -> None:
+    # Fails before the fix: reuse matched the stored full-page PDQ only (32 bits away: over 31), so the page that
+    # the gate stops by its low-detail rendition (28 bits) came back `cached`.
+    doc = replace(DOC, page_count=1)
+    page = page_of(encode(stripes(20)))
+    clean, none = screen_page(page, load_checks(SafetyConfig(nsfw_classifier="none")), low_side=640)
+    assert none is None and clean.pdq_hash and clean.pdq_hash_low  # the gate stores both for reuse
+    entry = entry_between(clean.pdq_hash, clean.pdq_hash_low)
+    cfg = SafetyConfig(blocklists=(write_list(tmp_path, f"pdq:{entry}\n"),), nsfw_classifier="none",
+                       low_detail_side=640)
+    checks = load_checks(cfg)
+    _, fresh = screen_page(page, checks, low_side=cfg.low_detail_side)  # a fresh run: the gate stops it
+    assert fresh is not None and (fresh.detail["where"], fresh.detail["distance"]) == ("page at low detail", 28)
+    row = earlier_row(0, page_hash=clean.page_hash, width=clean.width, height=clean.height,
+                      pdq_hash=clean.pdq_hash, pdq_hash_low=clean.pdq_hash_low)
+    out = document_from_cache(doc, [row], checks.blocklist, cfg.lists_only().low_detail_side)  # the re-run
+    assert out is not None and [(r.status, r.reason_code) for r in out] == [("quarantined", "blocked_hash")]
+    detail = json.loads(out[0].quarantine_detail or "{}")
+    assert (detail["where"], detail["distance"]) == (fresh.detail["where"], fresh.detail["distance"])
+    assert out[0].pdq_hash_low == clean.pdq_hash_low
+    # A row from before the low-detail hash was stored cannot be re-checked: its document is gated again.
+    assert document_from_cache(doc, [{**row, "pdq_hash_low": None}], checks.blocklist, 640) is None
+    # With no low-detail route (--detail high) no smaller rendition is ever sent, and none is checked.
+    cached = document_from_cache(doc, [row], checks.blocklist, 0)
+    assert cached is not None and [r.status for r in cached] == ["cached"]
+    assert cached[0].pdq_hash_low == clean.pdq_hash_low  # copied, so that the next run can re-check it
