@@ -40,7 +40,7 @@ def run(options: Any, storage: Any) -> int:
     o = options.view_as(PagemillOptions)
     job_name = options.view_as(GoogleCloudOptions).job_name
     # Identifiers become paths under the output root: checked before anything (even pre-flight) runs.
-    problems = check_identifiers(o, job_name)
+    problems = check_identifiers(o, job_name) + layout.root_problems(o.output)
     if not problems:
         configure(storage)
         problems = check_options(o) or preflight(o.input, o.output, storage)  # nothing is written if options are bad

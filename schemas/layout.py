@@ -16,6 +16,19 @@ TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "ledger": ("tenant", "run_id", "doc_sha256", "page_index"),
 }
 PART_SUFFIX = ".parquet"
+# What Beam's FileSystems.match (and fnmatch) read as a wildcard. The run's files are listed with patterns
+# built on the output root, so a root holding one would reach other folders (`out[12]`: out1/ and out2/).
+GLOB_CHARS = "*?["
+
+
+def root_problems(output: str) -> list[str]:
+    """Pure: why `output` cannot be an output root (empty: it can). A root is a path, never a pattern."""
+    found = sorted({c for c in output if c in GLOB_CHARS})
+    if not found:
+        return []
+    return [f"--output {output!r}: an output root is a path, not a pattern, and may not hold "
+            f"{' '.join(found)} (pagemill lists a run's files under it with patterns, which would reach other "
+            "folders); rename the folder"]
 
 
 def join_uri(root: str, *parts: str) -> str:

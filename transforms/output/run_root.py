@@ -21,15 +21,25 @@ def _matches(pattern: str) -> list[str]:
     return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
 
 
+def _root(output: str) -> str:
+    """`output`, once it is known to be a path and not a pattern (layout.root_problems): every pattern below
+    is built on it, so a wildcard in it would list, merge or delete other roots' files."""
+    problems = layout.root_problems(output)
+    if problems:
+        raise ValueError(problems[0])
+    return output
+
+
 def run_files(output: str, table: str, tenant: str, run_id: str) -> list[str]:
     """The finished part files of one run of one tenant in one table."""
-    return _matches(layout.part_glob(output, table, tenant, run_id))
+    return _matches(layout.part_glob(_root(output), table, tenant, run_id))
 
 
 def tenant_files(output: str, table: str, tenant: str) -> list[str]:
     """This tenant's finished part files of one table, every run (`pages`: the result cache's source)."""
+    pattern = layout.part_glob(_root(output), table, tenant)
     try:
-        return _matches(layout.part_glob(output, table, tenant))
+        return _matches(pattern)
     except Exception:  # noqa: BLE001 - no output yet
         return []
 
@@ -38,8 +48,9 @@ def run_tenants(output: str, run_id: str) -> set[str]:
     """Tenants that have rows under this run id in any table (a run id belongs to one tenant)."""
     found = set()
     for table in tables.TABLES:
+        pattern = layout.part_glob(_root(output), table, "*", run_id)
         try:
-            paths = _matches(layout.part_glob(output, table, "*", run_id))
+            paths = _matches(pattern)
         except Exception:  # noqa: BLE001 - nothing written yet
             continue
         found.update(t for t in map(layout.tenant_of, paths) if t is not None)
@@ -50,7 +61,7 @@ def clear_run(output: str, tenant: str, run_id: str) -> int:
     """Delete this run's partitions (`--force` over an existing run id starts it afresh)."""
     removed = 0
     for table in tables.TABLES:
-        matches = _matches(layout.join_uri(layout.partition(output, table, tenant, run_id), "*"))
+        matches = _matches(layout.join_uri(layout.partition(_root(output), table, tenant, run_id), "*"))
         if matches:
             FileSystems.delete(matches)
             removed += len(matches)

@@ -1,4 +1,5 @@
-"""A run's partitions: compaction of a resumed run, tenants kept apart, and the one line of a failed run."""
+"""A run's partitions: compaction of a resumed run, tenants kept apart, the one line of a failed run, and an
+output root that is a path, never a pattern (issue 22: `out[12]` reached out1/ and out2/)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -7,9 +8,12 @@ import os
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
+from pipelines import cli
 from schemas import tables
 from schemas.layout import partition
+from tests import docmaker
 from transforms.output.run_root import clear_run, compact_run, run_failure, run_files, run_tenants, tenant_files
 from transforms.output.write import write_rows
 
@@ -80,3 +84,48 @@ def test_run_failure_names_the_root_cause_in_one_line() -> None:
                          "\n\nTraceback (most recent call last):\n  File \"y.py\"\nZeroDivisionError: division by "
                          "zero [while running 'Raise']\n\n")
     assert run_failure(trace) == "ZeroDivisionError: division by zero [while running 'Raise']"
+
+
+def sibling_roots(tmp_path: Path) -> dict[Path, list[Path]]:
+    """Run r of tenant default in out1/ and out2/ (two part files each), the roots `out[12]` would match as a glob."""
+    found = {}
+    for name in ("out1", "out2"):
+        for outcome in ("failed", "extracted"):
+            write_rows(partition(str(tmp_path / name), "documents", "default", "r"), tables.DOCUMENTS,
+                       [{"run_id": "r", "tenant": "default", "source_uri": f"{name}/a.pdf", "outcome": outcome}])
+        found[tmp_path / name] = sorted((tmp_path / name).rglob("*.parquet"))
+    return found
+
+
+@pytest.mark.parametrize("force", [True, False], ids=["force", "resume"])
+def test_an_output_root_with_glob_characters_is_refused_and_touches_no_other_root(
+        tmp_path: Path, force: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # Fails before the fix: with --force run r's partitions in out1/ and out2/ were deleted; without it the run
+    # said "resuming", merged their rows into out[12] and deleted the originals.
+    siblings = sibling_roots(tmp_path)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.pdf").write_bytes(docmaker.multipage_pdf(1))
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["run", "--input", "in", "--output", "out[12]", "--run-id", "r", "--extract", "false",
+                     "--hints", "none", "--workers", "1", "--progress-every-s", "0", *(["--force"] if force else [])])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "--output 'out[12]': an output root is a path, not a pattern, and may not hold [" in err, err
+    assert not (tmp_path / "out[12]").exists()  # nothing written
+    for root, files in siblings.items():
+        assert sorted(root.rglob("*.parquet")) == files
+        assert {r["outcome"] for f in files for r in pq.read_table(f).to_pylist()} == {"failed", "extracted"}
+
+
+@pytest.mark.parametrize("root", ["out[12]", "out*", "out?"])
+def test_the_partition_functions_never_glob_a_root(tmp_path: Path, root: str) -> None:
+    # Below the command line too: whoever calls them with such a root gets an error, and no file goes.
+    siblings = sibling_roots(tmp_path)
+    output = str(tmp_path / root)
+    for call in (lambda: clear_run(output, "default", "r"), lambda: compact_run(output, "default", "r"),
+                 lambda: run_files(output, "documents", "default", "r"), lambda: run_tenants(output, "r"),
+                 lambda: tenant_files(output, "documents", "default")):
+        with pytest.raises(ValueError, match="is a path, not a pattern"):
+            call()
+    assert all(sorted(root.rglob("*.parquet")) == files for root, files in siblings.items())
+    assert len(run_files(str(tmp_path / "out1"), "documents", "default", "r")) == 2  # a plain root still lists
