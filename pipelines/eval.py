@@ -368,6 +368,13 @@ def command(argv: Sequence[str]) -> int:
     if args.save:
         from apache_beam.io.filesystems import FileSystems
 
+        # The run id and tenant came from table rows, which anyone who can write a part file controls: they
+        # become a path only after the same check as the command line's (no separators, no `..`).
+        bad = check_identifier("the tables' run id", result["run_id"]) or \
+            check_identifier("the tables' tenant", result["tenant"])
+        if bad:
+            print(f"pagemill eval: not saved: {bad}", file=sys.stderr)
+            return 1
         with FileSystems.create(eval_path(args.output, result["tenant"], result["run_id"])) as handle:
             handle.write(json.dumps(result, default=str, sort_keys=True).encode("utf-8"))
     print(json.dumps(result, indent=1, default=str) if args.format == "json" else render_table(result))

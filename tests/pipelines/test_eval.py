@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import json
 import subprocess
 import sys
@@ -11,9 +12,12 @@ import pytest
 
 from pipelines import cli
 from pipelines.eval import TruthRow, compare_fields, parse_truth, same, score, to_date, to_number
+from schemas import tables
+from schemas.layout import partition
 from tests import docmaker
 from tests.conftest import CORPUS, vllm_available
 from tests.pipelines.raw import one_row_per, raw_rows
+from transforms.output.write import write_rows
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -238,3 +242,19 @@ def test_saved_eval_becomes_the_reports_accuracy_section(extracted: Path, tmp_pa
         assert "accuracy" in charts and f'data-drawn="{len(charts)}"' in dom  # every chart drew, this one too
         bars = re.search(r'<div id="accuracy"><svg[^>]*data-marks="(\d+)"', dom)
         assert bars and int(bars.group(1)) == len(result["fields"])
+
+
+@pytest.mark.parametrize(("tenant", "run_id"), [("x/../../../outside", "r"), ("default", "r/../../../../outside")])
+def test_save_checks_the_run_id_and_tenant_the_tables_name(tmp_path: Path, tenant: str, run_id: str,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    # Fails before the fix: a part file whose rows name such a tenant or run id made `eval --save` write
+    # tmp_path/outside/..., outside the output root.
+    out = tmp_path / "out"
+    write_rows(partition(str(out), "documents", "default", "r"), tables.DOCUMENTS,
+               [{"run_id": run_id, "tenant": tenant, "source_uri": "/in/a.pdf", "outcome": "rejected",
+                 "created_at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC)}])
+    truth = tmp_path / "truth.jsonl"
+    truth.write_text('{"source": "a.pdf", "fields": {"total": 1}}\n')
+    assert cli.main(["eval", "--output", str(out), "--truth", str(truth), "--save"]) == 1
+    assert "pagemill eval: not saved: the tables' " in capsys.readouterr().err
+    assert not (tmp_path / "outside").exists() and not (out / "evals").exists()
