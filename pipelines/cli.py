@@ -26,6 +26,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE)
         return 0 if args else 2
     command, rest = args[0], args[1:]
+    from pipelines.storage import secrets_warning
+
+    warning = secrets_warning(rest)
+    if warning:
+        print(warning, file=sys.stderr)
     if command == "run":
         return run_command(rest)
     if command == "sql":

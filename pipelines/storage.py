@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -59,6 +59,23 @@ def add_storage_args(parser: argparse.ArgumentParser) -> None:
                             ("s3_access_key_id", "S3 access key (else the AWS chain)"),
                             ("s3_secret_access_key", "S3 secret key (else the AWS chain)")):
         group.add_argument(f"--{name.replace('_', '-')}", f"--{name}", dest=name, default=None, help=help_text)
+
+
+def command_line_secrets(argv: Sequence[str]) -> list[str]:
+    """Pure: the credential flags given on a command line (`--s3-secret-access-key X`, `--s3_session_token=X`):
+    every local user can read a process's arguments (ps, /proc/PID/cmdline), and shells keep them in history."""
+    names = {a.lstrip("-").split("=", 1)[0].replace("-", "_") for a in argv if a.startswith("--")}
+    return [f"--{n.replace('_', '-')}" for n in SECRET_OPTIONS if n in names]
+
+
+def secrets_warning(argv: Sequence[str]) -> str | None:
+    """The warning for credentials on the command line (None: there are none)."""
+    found = command_line_secrets(argv)
+    if not found:
+        return None
+    return (f"pagemill: warning: {', '.join(found)} on the command line can be read by every local user (ps) and "
+            "stays in shell history; give the keys as AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY in the environment "
+            "or as --s3-profile NAME from ~/.aws/credentials (docs/safety.md)")
 
 
 def storage_from(values: Mapping[str, Any]) -> StorageConfig:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.storage import StorageConfig, configure
+from pipelines import cli
+from pipelines.storage import StorageConfig, command_line_secrets, configure
 from tests import docmaker
 from transforms.hints.ocr import tesseract_env
 
@@ -83,3 +84,15 @@ def test_secret_stays_out_of_children_manifest_and_output(tmp_path: Path) -> Non
             assert "OMP_THREAD_LIMIT=1" in text
     finally:
         stop_moto(proc)
+
+
+def test_keys_on_the_command_line_are_warned_about(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Fails before the fix: the keys sat in the world-readable command line with no word said.
+    assert command_line_secrets(["--s3-secret-access-key", SECRET, "--s3_session_token=t", "--s3-region", "x"]) == \
+        ["--s3-secret-access-key", "--s3-session-token"]
+    assert command_line_secrets(["--s3-profile", "p", "--output", "--s3-access-key-id-file"]) == []
+    assert cli.main(["sql", "--output", str(tmp_path), "--s3-access-key-id", "AKIAFAKE", "--s3-secret-access-key",
+                     SECRET, "SELECT 1"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: --s3-access-key-id, --s3-secret-access-key on the command line can be read by every" in err
+    assert "AWS_SECRET_ACCESS_KEY in the environment or as --s3-profile" in err and SECRET not in err
