@@ -197,7 +197,9 @@ class StreamExtractDoFn(beam.DoFn):
         row = earlier.get(key)
         if row is not None:
             cached = cached_row(row, page.doc_sha256, page.source_uri, page.page_index)
-            yield replace(cached, rendered_at=page.rendered_at, extracted_at=now)
+            # The hashes the gate just computed, so the next run's reuse can re-check this copy (cache.py).
+            yield replace(cached, rendered_at=page.rendered_at, extracted_at=now, pdq_hash=page.pdq_hash,
+                          pdq_hash_low=page.pdq_hash_low)
             return
         result, first = self._feed.claim(key)
         if first:

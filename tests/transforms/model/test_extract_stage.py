@@ -17,7 +17,7 @@ def test_repeats_wait_for_the_first_and_earlier_keys_are_cached() -> None:
     cfg = config()
     shared = page(1)
     pages = [replace(shared, source_uri=f"copy-{i}.pdf", doc_sha256=f"{i}" * 64) for i in range(3)]
-    pages += [page(2), page(3)]
+    pages += [page(2), replace(page(3), pdq_hash="a" * 64, pdq_hash_low="b" * 64)]  # hashes from today's gate
     earlier_key = make_task(page(3), ENGINE, cfg)[0]
     old = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
     earlier = [{"cache_key": earlier_key, "created_at": old - dt.timedelta(days=1), "extraction": '{"old": 1}',
@@ -35,6 +35,7 @@ def test_repeats_wait_for_the_first_and_earlier_keys_are_cached() -> None:
         assert (by_uri["p2.png"].route, by_uri["p2.png"].status) == ("model", "ok")
         cached = by_uri["p3.png"]
         assert (cached.route, cached.status, cached.extraction) == ("cache", "cached", '{"newer": 1}')
+        assert (cached.pdq_hash, cached.pdq_hash_low) == ("a" * 64, "b" * 64)  # the next run re-checks these
         for r in rows:
             assert r.rendered_at is not None and r.extracted_at >= r.rendered_at
             assert (r.cost_usd > 0) == (r.route == "model")
