@@ -22,3 +22,13 @@ def test_pagemill_options_and_the_beam_flags_given_only() -> None:
     assert "azure_connection_string" not in recorded  # it carries the storage account's key
     # Beam has far more options than the manifest records.
     assert len(options.get_all_options(drop_default=False)) > 2 * len(recorded)
+
+
+def test_passwords_in_urls_are_not_recorded() -> None:
+    options = PagemillOptions(["--input", "s3://in/", "--input", "https://tok3n-abc@files.example.com/in/",
+                               "--output", "out/", "--engine", "openai", "--model", "m",
+                               "--endpoint", f"http://pagemill:{SECRET}@gpu-7:8000/v1"])
+    recorded = manifest_options(options)
+    assert recorded["endpoint"] == "http://pagemill:***@gpu-7:8000/v1"  # whose, and where: kept
+    assert recorded["input"] == ["s3://in/", "https://***@files.example.com/in/"]  # a lone user part may be a key
+    assert SECRET not in repr(recorded) and "tok3n" not in repr(recorded)

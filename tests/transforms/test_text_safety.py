@@ -22,3 +22,18 @@ def test_a_terminal_escape_sequence_is_inert_and_other_text_is_unchanged() -> No
     assert terminal_safe("\x1b]0;pwned\x07\x1b[2J") == "\\x1b]0;pwned\\x07\\x1b[2J"
     plain = "Rechnung Nr. 7 — Summe 12,00 € (ü, 日本, العربية, emoji \U0001f600) \\x1b"
     assert terminal_safe(plain) == plain  # printable text of any script, and a literal backslash, pass as they are
+
+
+@pytest.mark.parametrize(("given", "shown"), [
+    ("http://u:pw@host:8000/v1", "http://u:***@host:8000/v1"),
+    ("http://u:p@ss@host/v1", "http://u:***@host/v1"),  # an unescaped @ in the password: the last @ ends it
+    ("https://TOKEN@host/v1", "https://***@host/v1"),
+    ("http://host:8000/v1?next=a@b", "http://host:8000/v1?next=a@b"),  # an @ after the authority is not userinfo
+    ("s3://bucket/key@1", "s3://bucket/key@1"),
+    ("no url at all, a@b:c", "no url at all, a@b:c"),
+    ("from http://a:1@h1/ to http://b:2@h2/", "from http://a:***@h1/ to http://b:***@h2/"),
+])
+def test_credentials_in_urls_are_hidden(given: str, shown: str) -> None:
+    from transforms.text_safety import redact_url
+
+    assert redact_url(given) == shown

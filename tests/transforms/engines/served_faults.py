@@ -61,6 +61,7 @@ class Injector:
     then: tuple[int, dict[str, str], float] = (200, {}, 0.0)
     bodies: list[Any] = field(default_factory=list)
     owned_by: str = "fault-injector"
+    models: tuple[int, bytes] | None = None  # GET /models's (status, body); None: a list with `tiny`
     seen: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)  # each POST's request headers
     sent: list[int] = field(default_factory=list)  # bytes of each Huge body written before the client left
@@ -82,8 +83,9 @@ def completion(body: dict[str, Any], usage: dict[str, Any] | None = None, conten
 
 
 @contextmanager
-def fault_server(state: Injector) -> Iterator[str]:
-    """The injector serving on 127.0.0.1; yields its API root (`http://127.0.0.1:PORT/v1`)."""
+def fault_server(state: Injector, host: str = "127.0.0.1") -> Iterator[str]:
+    """The injector serving on `host` (the loopback unless a test needs another of this machine's addresses);
+    yields its API root (`http://HOST:PORT/v1`)."""
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: Any) -> None:
@@ -118,6 +120,8 @@ def fault_server(state: Injector) -> Iterator[str]:
                 self.close_connection = True
 
         def do_GET(self) -> None:
+            if state.models is not None:
+                return self._send(*state.models, {})
             self._send(200, json.dumps({"object": "list", "data": [{"id": "tiny", "owned_by": state.owned_by}]})
                        .encode(), {})
 
@@ -136,15 +140,23 @@ def fault_server(state: Injector) -> Iterator[str]:
         def handle_error(self, request: Any, client_address: Any) -> None:
             pass  # a client that gave up (the timeout and size tests) breaks the pipe: expected
 
-    server = Server(("127.0.0.1", 0), Handler)
+    server = Server((host, 0), Handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+        yield f"http://{host}:{server.server_address[1]}/v1"
     finally:
         server.shutdown()
         server.server_close()
+
+
+def own_address() -> str:
+    """An address of this machine that is not the loopback: the one its traffic to a documentation address
+    (192.0.2.1, TEST-NET-1) would leave from. A UDP connect sends nothing."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))
+        return str(s.getsockname()[0])
 
 
 @contextmanager
