@@ -48,6 +48,7 @@ class SimulatedEngine:
     text: str = PAGE_TEXT
     starts: int = 1
     submitted: int = 0
+    aborted: int = 0
     busy_seconds: float = 0.0
     _queue: deque[tuple[dict[str, Any], Future[Completion]]] = field(default_factory=deque)
     _running: list[tuple[float, int, Future[Completion], EngineOutput]] = field(default_factory=list)
@@ -68,6 +69,21 @@ class SimulatedEngine:
 
     def close(self) -> None:
         pass
+
+    def abort(self, future: Future[Completion]) -> None:
+        """As Engine.abort: the request leaves the queue or its slot (freed at once), and its future fails."""
+        with self._cv:
+            queued = [item for item in self._queue if item[1] is future]
+            running = [item for item in self._running if item[2] is future]
+            for item in queued:
+                self._queue.remove(item)
+            if running:
+                self._running = [item for item in self._running if item[2] is not future]
+                heapq.heapify(self._running)
+            self.aborted += len(queued) + len(running)
+            self._cv.notify()
+        if (queued or running) and not future.done():
+            future.set_exception(RuntimeError("request aborted"))
 
     def submit(self, request: dict[str, Any], params: Any) -> Future[Completion]:
         img = request["multi_modal_data"]["image"]

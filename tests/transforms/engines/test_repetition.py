@@ -63,3 +63,144 @@ def test_a_guard_stays_tripped_and_keeps_every_token() -> None:
     assert guard.feed([]) and guard.tokens == [1, 2, 1, 2, 1, 2, 9, 9]
     with pytest.raises(ValueError):
         RepetitionGuard(max_period=0)
+
+
+# The guard in the engine's step loop (transforms/engines/local.py), over a fake engine core that injects the fault:
+# one request's token stream falls into a loop, the other's does not.
+class LoopingCore:
+    """vllm.LLM's surface that Engine drives (preprocess, add_request, step, abort_request), emitting vLLM's
+    DELTA RequestOutputs: one token per running request per step."""
+
+    def __init__(self, streams: dict[int, list[int]]) -> None:
+        self.llm_engine = self
+        self.streams = streams  # by prompt length: which stream a request decodes
+        self.live: dict[str, list] = {}
+        self.aborted: list[str] = []
+
+    def _preprocess_cmpl_one(self, request: dict) -> dict:
+        return request
+
+    def add_request(self, rid: str, request: dict, params) -> None:
+        self.live[rid] = [iter(self.streams[len(request["prompt"])]), params.max_tokens, 0]
+
+    def abort_request(self, ids: list[str]) -> None:
+        self.aborted += ids
+        for rid in ids:
+            self.live.pop(rid, None)
+
+    def step(self) -> list:
+        from types import SimpleNamespace
+
+        outputs = []
+        for rid, state in list(self.live.items()):
+            token = next(state[0])
+            state[2] += 1
+            done = state[2] >= state[1]
+            sample = SimpleNamespace(text=f"<{token}>", token_ids=[token], finish_reason="length" if done else None)
+            outputs.append(SimpleNamespace(request_id=rid, outputs=[sample], finished=done, prompt_token_ids=[1, 2],
+                                           num_cached_tokens=0))
+            if done:
+                del self.live[rid]
+        return outputs
+
+
+def test_the_engine_stops_a_looping_request_at_the_threshold_and_aborts_it() -> None:
+    from types import SimpleNamespace
+
+    from tests.transforms.engines.test_feed import ENGINE
+    from transforms.engines.local import Engine
+
+    looping = distinct(40) + [1, 2, 3, 4, 5] * 2000
+    fine = distinct(9000)
+    engine = Engine(ENGINE)
+    core = LoopingCore({1: looping, 2: fine})
+    engine.llm = core  # started: the loop drives the fake core
+    try:
+        a = engine.submit({"prompt": "a"}, SimpleNamespace(max_tokens=8192))
+        b = engine.submit({"prompt": "bb"}, SimpleNamespace(max_tokens=300))
+        stopped, finished = a.result(timeout=60).output, b.result(timeout=60).output
+    finally:
+        engine._stopped.set()
+    sample = stopped.outputs[0]
+    assert sample.finish_reason == "repetition"
+    assert len(sample.token_ids) == 40 + 5 + SPAN  # stopped at the threshold, not at the cap of 8,192
+    assert sample.text == "".join(f"<{t}>" for t in looping[:40 + 5 + SPAN])
+    assert core.aborted == ["0"]  # and aborted in the engine: its sequence freed
+    assert (finished.outputs[0].finish_reason, len(finished.outputs[0].token_ids)) == ("length", 300)
+
+
+# The feed's side: a looping attempt is retried once with the next decoding setting and half the cap.
+class LoopingEngine:
+    """An engine whose answers end as the repetition guard ends them, `loops` times, then normally."""
+
+    def __init__(self, loops: int, text: str, looped_tokens: int = 40 + 5 + SPAN) -> None:
+        from transforms.engines.simulated import SimulatedEngine
+
+        self.inner = SimulatedEngine(slots=4, seconds=0.0, text=text)
+        self.loops, self.looped_tokens = loops, looped_tokens
+        self.caps: list[tuple[int, int]] = []  # (attempt, max_tokens) of each submit
+        self.starts = 1
+
+    def sampling_params(self, schema, max_tokens: int, attempt: int) -> dict:
+        return {"max_tokens": max_tokens, "attempt": attempt}
+
+    def submit(self, request, params):
+        from concurrent.futures import Future
+
+        from transforms.engines.local import Completion, EngineOutput, Sample
+
+        self.caps.append((params["attempt"], params["max_tokens"]))
+        if len(self.caps) > self.loops:
+            return self.inner.submit(request, params)
+        future: Future = Future()
+        future.set_result(Completion(EngineOutput([7] * 50, [Sample('{"language": "en", "lines": ["a a a',
+                                                                     (3,) * self.looped_tokens, "repetition")]), 0.1))
+        return future
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def feed_config(**changes: object):
+    from tests.transforms.engines.test_feed import config
+
+    return config(max_tokens=1000, **changes)
+
+
+def test_a_page_that_loops_twice_ends_repetition_after_one_retry_at_half_the_cap() -> None:
+    from tests.transforms.engines.test_feed import tasks
+    from transforms.engines.feed import extract_all
+    from transforms.engines.simulated import PAGE_TEXT
+
+    cfg = feed_config(max_attempts=3)
+    engine = LoopingEngine(loops=5, text=PAGE_TEXT)
+    (r,) = extract_all(engine, tasks(1, cfg), cfg)
+    assert (r.status, r.reason_code, r.stop_reason, r.attempts) == ("invalid", "repetition", "repetition", 2)
+    assert engine.caps == [(1, 1000), (2, 500)]  # greedy at the cap, then sampled at half of it; no third try
+    assert r.output_tokens == 40 + 5 + SPAN < 500  # what the ledger shows against the cap
+    assert "repeated a pattern" in (r.message or "")
+
+
+def test_a_retry_after_a_loop_that_answers_is_the_page_s_answer() -> None:
+    from tests.transforms.engines.test_feed import tasks
+    from transforms.engines.feed import extract_all
+    from transforms.engines.simulated import PAGE_TEXT
+
+    cfg = feed_config()
+    engine = LoopingEngine(loops=1, text=PAGE_TEXT)
+    (r,) = extract_all(engine, tasks(1, cfg), cfg)
+    assert (r.status, r.stop_reason, r.attempts) == ("ok", "stop", 2)
+    assert engine.caps == [(1, 1000), (2, 500)]
+
+
+def test_a_markdown_page_that_loops_keeps_its_text_with_a_flag() -> None:
+    from tests.transforms.engines.test_feed import tasks
+    from transforms.engines.feed import extract_all
+    from transforms.model.markdown import load_output
+
+    schema, markdown = load_output("markdown")
+    cfg = feed_config(schema=schema, markdown=markdown)
+    engine = LoopingEngine(loops=2, text="unused")
+    (r,) = extract_all(engine, tasks(1, cfg), cfg)
+    assert (r.status, r.flags, r.stop_reason, r.attempts) == ("ok", ("repetition",), "repetition", 2)
+    assert r.markdown is not None and r.markdown.startswith('{"language"')
