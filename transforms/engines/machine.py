@@ -3,14 +3,19 @@
 With several worker processes (`--direct_running_mode=multi_processing`, or several SDK processes
 on a Dataflow VM) a per-process engine would mean one vLLM engine per process, and on one GPU the
 second cannot get memory. Instead the first worker process that needs the model starts an engine
-service process (`python -m transforms.engines.machine DIR`, one per DIR: a run-scoped folder under
-the machine's temp dir, guarded by a file lock); every worker process connects to it through a
-local Unix socket (multiprocessing.connection, with a random authkey kept in DIR, mode 0600).
+service process (`python -P -m transforms.engines.machine DIR`, one per DIR, guarded by a file lock, with a
+minimal environment: machine_folder.service_env); every worker process connects to it through a local Unix
+socket in DIR (multiprocessing.connection's HMAC handshake, with a random authkey kept in DIR).
 
-Pages cross the socket as raw RGB pixels (already decoded and resized by the worker, so the
-engine sees exactly what a local engine would; a local copy costs memcpy, not an encode) plus the
-prompt text and the sampling parameters. Results come back as token ids, text and gpu_seconds.
-Prompts are built in the workers with the model's tokenizer, loaded there. The service exits a
+DIR is private to the user (transforms/engines/machine_folder.py): created 0700 in a per-user base, and both
+checked (a real directory, ours, no group/other bits) before any use by a worker or the service; a folder that
+fails is refused (`FolderRefused`: the pages fail with `engine_error`, the run says why).
+
+Frames, not pickles (transforms/engines/machine_wire.py): a page crosses the socket as its encoded bytes (the
+JPEG the page stage made) with its detail side and target size, and the service makes the engine's pixels with
+the function the local engine path uses (feed.page_pixels), so the engine sees exactly what a local engine
+would; the prompt text and the sampling fields go as JSON. Results come back as token ids, text and
+gpu_seconds. Prompts are built in the workers with the model's tokenizer, loaded there. The service exits a
 few seconds after its last worker disconnects.
 """
 from __future__ import annotations
@@ -22,37 +27,46 @@ import os
 import secrets
 import subprocess
 import sys
-import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import asdict, replace
 from functools import partial
-from hashlib import sha256
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import Client, Connection, Listener, answer_challenge, deliver_challenge
 from pathlib import Path
 from typing import Any
 
-from PIL import Image
-
+from transforms.child_process import python_argv
+from transforms.engines import machine_wire as wire
+from transforms.engines.feed import PageSource, page_pixels, vllm_sampling
 from transforms.engines.local import (
     Completion,
     Engine,
     EngineOutput,
     EngineSettings,
+    PageEngine,
     Sample,
     image_token_id_of,
 )
+from transforms.engines.machine_folder import (
+    AUTHKEY_BYTES,
+    MAX_SETTINGS_BYTES,
+    check_folder,
+    open_private,
+    prepare_folder,
+    read_authkey,
+    read_private,
+    service_env,
+    write_new,
+)
+from transforms.engines.machine_folder import service_dir as service_dir  # the settings compute it from here
 
 log = logging.getLogger(__name__)
 IDLE_EXIT_S = 10.0  # the service exits this long after its last worker disconnected
 CONNECT_TIMEOUT_S = 120.0
-
-
-def service_dir(run_id: str, settings: EngineSettings) -> str:
-    """The run's engine folder on this machine: one engine per run, model and settings. Pure."""
-    key = sha256(json.dumps([run_id, asdict(settings)], sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return str(Path(tempfile.gettempdir()) / f"pagemill-engine-{key}")
+SOCKET = "engine.sock"
+EngineMaker = Callable[[EngineSettings, Path], PageEngine]
 
 
 class _CountingEngine(Engine):
@@ -68,12 +82,17 @@ class _CountingEngine(Engine):
             handle.write(f"{os.getpid()} {time.time():.3f}\n")
 
 
-def serve(directory: Path) -> None:
-    """The engine service's main loop: accept workers until none is left."""
-    settings = replace_service(EngineSettings(**json.loads((directory / "settings.json").read_text())))
-    engine = _CountingEngine(settings, directory)
-    listener = Listener(str(directory / "engine.sock"), family="AF_UNIX",
-                        authkey=(directory / "authkey").read_bytes())
+def serve(directory: Path, make_engine: EngineMaker = _CountingEngine,
+          sampling: Callable[[dict[str, Any]], Any] = vllm_sampling) -> None:
+    """The engine service's main loop: accept workers until none is left. `make_engine` and `sampling` are
+    the engine and its sampling parameters (tests put a stub engine here, behind the real socket)."""
+    check_folder(directory)
+    settings = EngineSettings(**json.loads(read_private(directory / "settings.json", MAX_SETTINGS_BYTES)))
+    authkey = read_authkey(directory)
+    engine = make_engine(replace(settings, service_dir=None), directory)
+    # No authkey here: the handshake runs in each connection's thread, so a peer that stalls in it
+    # holds up only itself, and a failed one never stops the accept loop.
+    listener = Listener(str(directory / SOCKET), family="AF_UNIX")
     state = {"clients": 0, "idle_since": time.monotonic()}
     lock = threading.Lock()
 
@@ -87,58 +106,95 @@ def serve(directory: Path) -> None:
 
     threading.Thread(target=watchdog, daemon=True).start()
     while True:
-        conn = listener.accept()
+        try:
+            conn = listener.accept()
+        except OSError as err:
+            log.warning("engine service: accept failed: %s", err)
+            continue
         with lock:
             state["clients"] += 1
-        threading.Thread(target=_serve_worker, args=(engine, conn, lock, state), daemon=True).start()
+        worker = partial(_serve_worker, engine, sampling, conn, authkey, lock, state)
+        threading.Thread(target=worker, daemon=True).start()
 
 
-def replace_service(settings: EngineSettings) -> EngineSettings:
-    return replace(settings, service_dir=None)
+def _handshake(conn: Connection, authkey: bytes) -> bool:
+    """Multiprocessing's HMAC challenge both ways (as Listener.accept does): bytes only, nothing unpickled."""
+    try:
+        deliver_challenge(conn, authkey)
+        answer_challenge(conn, authkey)
+        return True
+    except Exception as err:  # noqa: BLE001 - a wrong key, a dead or garbled peer: this connection only
+        log.warning("engine service: a connection failed the authkey handshake: %s: %s", type(err).__name__, err)
+        return False
 
 
-def _serve_worker(engine: Engine, conn: Connection, lock: threading.Lock, state: dict[str, Any]) -> None:
+def _serve_worker(engine: PageEngine, sampling: Callable[[dict[str, Any]], Any], conn: Connection, authkey: bytes,
+                  lock: threading.Lock, state: dict[str, Any]) -> None:
     send_lock = threading.Lock()
+    submitted: dict[int, Future[Completion]] = {}  # this worker's requests in the engine, for `abort`
 
-    def reply(message: tuple[Any, ...]) -> None:
+    def reply(header: dict[str, Any]) -> None:
         with send_lock:
             try:
-                conn.send(message)
+                wire.send(conn, header)
             except (OSError, EOFError):
                 pass  # the worker went away; its pages went with it
+
+    def error(rid: int, kind: str, err: BaseException) -> None:
+        reply({"kind": "error", "rid": rid, "error": kind, "message": f"{type(err).__name__}: {err}"[:2000],
+               "starts": engine.starts})
 
     def done(rid: int, future: Future[Completion]) -> None:
         err = future.exception()
         if err is not None:
-            kind = "rejected" if isinstance(err, ValueError) else "engine"
-            reply(("error", rid, kind, f"{type(err).__name__}: {err}", engine.starts))
-            return
+            return error(rid, "rejected" if isinstance(err, ValueError) else "engine", err)
         c = future.result()
-        samples = [(s.text, tuple(s.token_ids), s.finish_reason) for s in c.output.outputs]
-        reply(("done", rid, list(c.output.prompt_token_ids or []), samples, c.gpu_seconds, engine.starts))
+        samples = [[s.text, list(s.token_ids), s.finish_reason] for s in c.output.outputs]
+        reply({"kind": "done", "rid": rid, "prompt_token_ids": list(c.output.prompt_token_ids or []),
+               "samples": samples, "gpu_seconds": float(c.gpu_seconds), "starts": engine.starts,
+               "cached_tokens": int(getattr(c.output, "num_cached_tokens", None) or 0)})
 
     def restart(seen: int) -> None:
         try:
             engine.restart(seen)
         except Exception as err:  # noqa: BLE001 - the worker's pages fail as rows; see Engine.restart
             log.error("engine could not restart: %s: %s", type(err).__name__, err)
-        reply(("starts", engine.starts))
+        reply({"kind": "starts", "starts": engine.starts})
 
     try:
+        if not _handshake(conn, authkey):
+            return
         while True:
             try:
-                message = conn.recv()
+                header, payload = wire.recv(conn, wire.TO_SERVICE)
             except (EOFError, OSError):
                 return
-            if message[0] == "submit":
-                _, rid, prompt, (mode, size, pixels), params = message
-                request = {"prompt": prompt, "multi_modal_data": {"image": Image.frombytes(mode, size, pixels)}}
-                try:
-                    engine.submit(request, params).add_done_callback(partial(done, rid))
-                except Exception as err:  # noqa: BLE001 - the engine cannot start: this request fails
-                    reply(("error", rid, "engine", f"{type(err).__name__}: {err}", engine.starts))
-            elif message[0] == "restart":
-                threading.Thread(target=restart, args=(message[1],), daemon=True).start()
+            except wire.FrameError as err:
+                log.warning("engine service: malformed frame, connection closed: %s", err)
+                return
+            if header["kind"] == "restart":
+                threading.Thread(target=restart, args=(header["seen"],), daemon=True).start()
+                continue
+            if header["kind"] == "abort":  # the worker gave up on it (--answer-timeout-s): free its sequence
+                running = submitted.get(header["rid"])
+                if running is not None:
+                    engine.abort(running)
+                continue
+            sub = wire.as_submit(header, payload)
+            try:  # the same pixels a local engine gets (feed.prepare): decoded, capped, fitted
+                image = page_pixels(sub.image, sub.detail_side, sub.size)
+                params = sampling(sub.sampling)
+            except Exception as err:  # noqa: BLE001 - an undecodable page or bad parameters: this request only
+                error(sub.rid, "rejected", ValueError(f"{type(err).__name__}: {err}"))
+                continue
+            try:
+                future = engine.submit({"prompt": sub.prompt, "multi_modal_data": {"image": image}}, params)
+            except Exception as err:  # noqa: BLE001 - the engine cannot start: this request fails
+                error(sub.rid, "engine", err)
+                continue
+            submitted[sub.rid] = future
+            future.add_done_callback(lambda _, rid=sub.rid: submitted.pop(rid, None))
+            future.add_done_callback(partial(done, sub.rid))
     finally:
         conn.close()
         with lock:
@@ -177,23 +233,49 @@ class RemoteEngine:
         return image_token_id_of(self.tokenizer())
 
     def submit(self, request: dict[str, Any], params: Any) -> Future[Completion]:
+        """Send the page's encoded bytes (the feed's PageSource); a request with only a PIL image is sent as
+        lossless PNG. Raises FrameError (a ValueError: this request is rejected) over the frame limits."""
+        source = request.get("page")
+        if isinstance(source, PageSource):
+            data, side, size = source.data, source.detail_side, source.size
+        else:
+            img = request["multi_modal_data"]["image"]
+            data, side, size = wire.encode_png(img), 0, img.size
         conn = self._connected()
-        img: Image.Image = request["multi_modal_data"]["image"]
         future: Future[Completion] = Future()
         with self._lock:
             self._next += 1
             rid = self._next
+        frame = wire.encode(wire.submit_header(rid, request["prompt"], wire.fields_of(params), side, size), data)
+        with self._lock:
             self._futures[rid] = future
-        with self._send_lock:
-            conn.send(("submit", rid, request["prompt"], (img.mode, img.size, img.tobytes()), params))
+        try:
+            with self._send_lock:
+                conn.send_bytes(frame)
+        except Exception:
+            with self._lock:
+                self._futures.pop(rid, None)
+            raise
         return future
+
+    def abort(self, future: Future[Completion]) -> None:
+        """The service aborts the request in its engine (--answer-timeout-s); its future fails here at once."""
+        with self._lock:
+            rid = next((r for r, f in self._futures.items() if f is future), None)
+            self._futures.pop(rid, None)
+            conn = self._conn
+        if rid is None or conn is None:
+            return
+        future.set_exception(RuntimeError("request aborted"))
+        with self._send_lock:
+            wire.send(conn, {"kind": "abort", "rid": rid})
 
     def restart(self, seen: int | None = None) -> None:
         conn = self._connected()
         with self._restarted:
             answered = self._restart_replies
             with self._send_lock:
-                conn.send(("restart", seen if seen is not None else self.starts))
+                wire.send(conn, {"kind": "restart", "seen": seen if seen is not None else self.starts})
             self._restarted.wait_for(lambda: self._restart_replies != answered or self._conn is None, timeout=3600)
 
     def close(self) -> None:
@@ -205,8 +287,8 @@ class RemoteEngine:
         with self._lock:
             if self._conn is not None:
                 return self._conn
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            with open(self.directory / "lock", "a") as lock:
+            prepare_folder(self.directory)  # FolderRefused: nothing in a folder we do not own is used
+            with os.fdopen(open_private(self.directory / "lock", os.O_RDWR | os.O_CREAT), "r+b") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # one worker starts the service, the others wait for it
                 authkey = self._authkey()
                 conn = self._try_connect(authkey)
@@ -223,53 +305,61 @@ class RemoteEngine:
             return conn
 
     def _authkey(self) -> bytes:
-        path = self.directory / "authkey"
-        if not path.exists():
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(secrets.token_bytes(32))
-            (self.directory / "settings.json").write_text(json.dumps(asdict(self.settings)))
-        return path.read_bytes()
+        """The folder's authkey, created (O_EXCL, 0600) with the service's settings by the first worker."""
+        if write_new(self.directory / "authkey", secrets.token_bytes(AUTHKEY_BYTES)):
+            fd = open_private(self.directory / "settings.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            with os.fdopen(fd, "w") as handle:
+                json.dump(asdict(self.settings), handle)
+        return read_authkey(self.directory)
 
     def _try_connect(self, authkey: bytes) -> Connection | None:
         try:
-            return Client(str(self.directory / "engine.sock"), family="AF_UNIX", authkey=authkey)
+            return Client(str(self.directory / SOCKET), family="AF_UNIX", authkey=authkey)
         except (FileNotFoundError, ConnectionRefusedError):
             return None
 
+    def service_argv(self) -> list[str]:
+        """The service's command line (tests start a stub engine's service here)."""
+        return python_argv("-m", "transforms.engines.machine", str(self.directory))
+
     def _spawn(self) -> None:
-        sock = self.directory / "engine.sock"
-        if sock.exists():
+        sock = self.directory / SOCKET
+        if sock.is_symlink() or sock.exists():
             sock.unlink()  # left by a service that died
-        with open(self.directory / "service.log", "ab") as out:
-            subprocess.Popen([sys.executable, "-m", "transforms.engines.machine", str(self.directory)],
-                             stdout=out, stderr=out, stdin=subprocess.DEVNULL, start_new_session=True)
+        fd = open_private(self.directory / "service.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        with os.fdopen(fd, "ab") as out:
+            subprocess.Popen(self.service_argv(), stdout=out, stderr=out, stdin=subprocess.DEVNULL,
+                             env=service_env(os.environ, sys.path), start_new_session=True, close_fds=True)
 
     def _read(self, conn: Connection) -> None:
         while True:
             try:
-                message = conn.recv()
+                header, _ = wire.recv(conn, wire.TO_WORKER)
             except (EOFError, OSError):
                 break
-            kind = message[0]
-            if kind == "starts":
+            except wire.FrameError as err:
+                log.error("engine service sent a malformed frame; connection closed: %s", err)
+                conn.close()
+                break
+            if header["kind"] == "starts":
                 with self._restarted:
-                    self.starts = message[1]
+                    self.starts = header["starts"]
                     self._restart_replies += 1
                     self._restarted.notify_all()
                 continue
-            rid, starts = message[1], message[-1]
-            self.starts = max(self.starts, starts)
+            self.starts = max(self.starts, header["starts"])
             with self._lock:
-                future = self._futures.pop(rid, None)
+                future = self._futures.pop(header["rid"], None)
             if future is None:
                 continue
-            if kind == "done":
-                samples = [Sample(text, token_ids, reason) for text, token_ids, reason in message[3]]
-                future.set_result(Completion(EngineOutput(message[2], samples), message[4]))
+            if header["kind"] == "done":
+                samples = [Sample(text, tuple(ids), reason) for text, ids, reason in header["samples"]]
+                future.set_result(Completion(EngineOutput(header["prompt_token_ids"], samples,
+                                                          num_cached_tokens=header["cached_tokens"]),
+                                             header["gpu_seconds"]))
             else:
-                error = ValueError if message[2] == "rejected" else RuntimeError
-                future.set_exception(error(message[3]))
+                error = ValueError if header["error"] == "rejected" else RuntimeError
+                future.set_exception(error(header["message"]))
         # The service went away: what was in flight fails (and is resubmitted to a new service).
         with self._lock:
             if self._conn is conn:

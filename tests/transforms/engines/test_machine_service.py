@@ -1,0 +1,404 @@
+"""The engine service's protocol over its real socket and a real service process (transforms/engines/machine.py),
+with a stub engine inside the service where vLLM is not what is tested (the real tiny engine behind the service:
+tests/pipelines/test_engine_service.py). Pages, errors, a wrong authkey, malformed frames and pickles in both
+directions, a peer that dies mid-frame, two workers racing to start the service, and a planted folder."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import replace
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client, Connection, Listener
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from tests.conftest import CORPUS
+from transforms.child_process import python_argv
+from transforms.engines import machine_wire as wire
+from transforms.engines.feed import PageFeed, prepare, sampling_fields
+from transforms.engines.local import Completion, EngineOutput, EngineSettings, Sample
+from transforms.engines.machine import SOCKET, RemoteEngine, serve
+from transforms.engines.machine_folder import FolderRefused, read_authkey, service_env
+from transforms.engines.simulated import SimTokenizer
+from transforms.model.extract import make_task
+from transforms.pages.sizes import capped_size
+
+PAGE = CORPUS / "extraction_gt" / "invoice-x__invoice2data" / "tests" / "compare" / "AmazonWebServices.png"
+FIELDS = {"temperature": 0.0, "top_p": 1.0, "max_tokens": 64, "json": {"type": "object"}}
+
+
+class StubEngine:
+    """The Engine interface inside the service: echoes what reached it (prompt, sampling fields, the image's
+    size, mode and pixel hash); "reject" and "die" fail as a rejected request and a dead engine; "hold" waits
+    for an abort (which it notes in DIR/aborted)."""
+
+    def __init__(self, settings: EngineSettings, directory: Path) -> None:
+        self.directory, self.starts = directory, 0
+        self.lock = threading.Lock()
+
+    def submit(self, request: dict[str, Any], params: Any) -> Future[Completion]:
+        with self.lock:
+            if self.starts == 0:
+                self.starts = 1
+                with open(self.directory / "starts", "a") as handle:
+                    handle.write(f"{os.getpid()}\n")
+        future: Future[Completion] = Future()
+        img = request["multi_modal_data"]["image"]
+        if request["prompt"] == "hold":
+            return future
+        if request["prompt"] in ("reject", "die"):
+            err = ValueError("rejected by the stub") if request["prompt"] == "reject" else RuntimeError("stub died")
+            future.set_exception(err)
+            return future
+        text = json.dumps({"prompt": request["prompt"], "sampling": params, "size": img.size, "mode": img.mode,
+                           "sha256": hashlib.sha256(img.tobytes()).hexdigest(), "keys": sorted(request)})
+        output = EngineOutput([1, 1, 2], [Sample(text, (5, 6), "stop")], num_cached_tokens=2)
+        future.set_result(Completion(output, 0.25))
+        return future
+
+    def abort(self, future: Future[Completion]) -> None:
+        (self.directory / "aborted").touch()
+        future.set_exception(RuntimeError("aborted by the stub"))
+
+    def restart(self, seen: int | None = None) -> None:
+        with self.lock:
+            if seen is None or seen == self.starts:
+                self.starts += 1
+
+    def tokenizer(self) -> SimTokenizer:
+        return SimTokenizer()
+
+    def image_token_id(self) -> int:
+        return 1
+
+    def close(self) -> None:
+        pass
+
+
+def serve_stub(directory: str) -> None:
+    """The service process of these tests: the real service loop and socket, the stub engine, the sampling
+    fields as they arrived."""
+    with open(Path(directory) / "stub.pid", "a") as handle:
+        handle.write(f"{os.getpid()}\n")
+    serve(Path(directory), StubEngine, sampling=dict)
+
+
+class StubRemoteEngine(RemoteEngine):
+    """The real worker side, starting the stub's service; the feed's tokenizer and fields without vLLM."""
+
+    def service_argv(self) -> list[str]:
+        code = ("import sys; from tests.transforms.engines.test_machine_service import serve_stub; "
+                "serve_stub(sys.argv[1])")
+        return python_argv("-c", code, str(self.directory))
+
+    def tokenizer(self) -> SimTokenizer:
+        return SimTokenizer()
+
+    def image_token_id(self) -> int:
+        return 1
+
+    def sampling_params(self, schema: Any, max_tokens: int, attempt: int) -> dict[str, Any]:
+        return sampling_fields(schema, max_tokens, attempt)
+
+
+def settings(folder: Path) -> EngineSettings:
+    return EngineSettings(model="stub", model_revision=None, max_model_len=8192, max_num_seqs=4,
+                          gpu_memory_utilization=0.9, tensor_parallel_size=1, limit_mm_per_prompt=1, kv_cache_gib=None,
+                          enforce_eager=True, service_dir=str(folder))
+
+
+@pytest.fixture
+def folder() -> Iterator[Path]:
+    """A service folder in a short private path (a Unix socket's path has ~107 bytes); its services stopped after."""
+    base = Path(tempfile.mkdtemp(prefix="pm-"))
+    yield base / "svc"
+    for path in base.rglob("stub.pid"):
+        for pid in path.read_text().split():
+            try:
+                os.kill(int(pid), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def answer(future: Future[Completion]) -> dict[str, Any]:
+    return json.loads(future.result(timeout=60).output.outputs[0].text)
+
+
+def jpeg_page() -> bytes:
+    """A corpus page as the page stage sends it on: at most 1288 px, JPEG q90."""
+    img = Image.open(PAGE).convert("RGB")
+    img = img.resize(capped_size(img.width, img.height, 1288), Image.Resampling.LANCZOS)
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", quality=90)
+    return buf.getvalue()
+
+
+def test_pages_reach_the_engine_as_the_same_pixels_as_a_local_engine(folder: Path) -> None:
+    """The request the feed builds (what a local engine gets) and what the stub engine got through the service:
+    same size, mode and pixels, at full detail, capped for low detail, and shrunk to the token budget."""
+    from schemas.records import PageImage
+    from tests.transforms.engines.test_feed import ENGINE, config
+
+    data = jpeg_page()
+    page = PageImage(doc_sha256="d" * 64, source_uri="p.jpg", page_index=0, page_hash="0" * 64, image=data,
+                     width=1, height=1)
+    cfg = config()
+    roomy = prepare(make_task(page, ENGINE, cfg)[1], SimTokenizer(), cfg)
+    tight = replace(cfg, max_model_len=roomy.text_tokens + cfg.max_tokens + 600)
+    cases = [(page, cfg), (replace(page, detail_side=512), cfg), (page, tight)]
+    engine = StubRemoteEngine(settings(folder))
+    sizes = []
+    for p, c in cases:
+        req = prepare(make_task(p, ENGINE, c)[1], SimTokenizer(), c)
+        assert req.prompt is not None
+        local = req.prompt["multi_modal_data"]["image"]
+        got = answer(engine.submit(req.prompt, FIELDS))
+        assert (tuple(got["size"]), got["mode"]) == (local.size, local.mode)
+        assert got["sha256"] == hashlib.sha256(local.tobytes()).hexdigest()
+        assert got["prompt"] == req.prompt["prompt"] and got["sampling"] == FIELDS
+        assert got["keys"] == ["multi_modal_data", "prompt"]  # the engine gets vLLM's request, nothing else
+        sizes.append(local.size)
+    full, low, shrunk = sizes
+    assert max(low) == 512 and max(full) == 1288 and shrunk[0] < full[0]  # three different images, all equal
+    # A request that carries only a PIL image is sent losslessly: the same pixels again.
+    img = Image.frombytes("RGB", (64, 48), bytes(range(256)) * 36)
+    got = answer(engine.submit({"prompt": "p", "multi_modal_data": {"image": img}}, FIELDS))
+    assert got["sha256"] == hashlib.sha256(img.tobytes()).hexdigest()
+    engine.close()
+
+
+def test_a_page_crosses_the_socket_as_its_encoded_bytes(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = jpeg_page()
+    engine = StubRemoteEngine(settings(folder))
+    answer(engine.submit({"prompt": "warm", "multi_modal_data": {"image": Image.new("RGB", (8, 8))}}, FIELDS))
+    sent: list[int] = []
+    conn = engine._connected()
+    real = conn.send_bytes
+    monkeypatch.setattr(conn, "send_bytes", lambda buf: (sent.append(len(buf)), real(buf))[1])
+    from transforms.engines.feed import PageSource, page_pixels
+
+    img = page_pixels(data, 0)
+    request = {"prompt": "p", "multi_modal_data": {"image": img}, "page": PageSource(data, 0, img.size)}
+    assert answer(engine.submit(request, FIELDS))["size"] == list(img.size)
+    assert len(sent) == 1 and len(data) < sent[0] < len(data) + 1024  # the JPEG and a small header
+    assert sent[0] * 10 < len(img.tobytes())  # not the pixels (what the old framing sent)
+    engine.close()
+
+
+def test_answers_errors_restart_and_abort_cross_the_socket(folder: Path) -> None:
+    engine = StubRemoteEngine(settings(folder))
+    img = Image.new("RGB", (8, 8))
+    with pytest.raises(ValueError, match="rejected by the stub"):
+        engine.submit({"prompt": "reject", "multi_modal_data": {"image": img}}, FIELDS).result(timeout=60)
+    with pytest.raises(RuntimeError, match="stub died"):
+        engine.submit({"prompt": "die", "multi_modal_data": {"image": img}}, FIELDS).result(timeout=60)
+    done = engine.submit({"prompt": "ok", "multi_modal_data": {"image": img}}, FIELDS).result(timeout=60)
+    assert (done.gpu_seconds, done.output.num_cached_tokens, done.output.prompt_token_ids) == (0.25, 2, [1, 1, 2])
+    assert done.output.outputs[0].token_ids == (5, 6) and done.output.outputs[0].finish_reason == "stop"
+    assert engine.starts == 1
+    engine.restart(1)
+    assert engine.starts == 2
+    held = engine.submit({"prompt": "hold", "multi_modal_data": {"image": img}}, FIELDS)
+    engine.abort(held)  # --answer-timeout-s: the engine in the service frees the request
+    with pytest.raises(RuntimeError, match="aborted"):
+        held.result(timeout=60)
+    deadline = time.monotonic() + 60
+    while not (folder / "aborted").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (folder / "aborted").exists()
+    answer(engine.submit({"prompt": "after", "multi_modal_data": {"image": img}}, FIELDS))
+    engine.close()
+
+
+def raw_client(folder: Path, authkey: bytes) -> Connection:
+    return Client(str(folder / SOCKET), family="AF_UNIX", authkey=authkey)
+
+
+def still_serves(folder: Path) -> None:
+    """A new worker still gets its page answered: the service lives on."""
+    engine = StubRemoteEngine(settings(folder))
+    assert answer(engine.submit({"prompt": "after", "multi_modal_data": {"image": Image.new("RGB", (4, 4))}},
+                                FIELDS))["prompt"] == "after"
+    engine.close()
+
+
+def test_a_wrong_authkey_is_refused_and_the_service_serves_on(folder: Path) -> None:
+    first = StubRemoteEngine(settings(folder))
+    answer(first.submit({"prompt": "x", "multi_modal_data": {"image": Image.new("RGB", (4, 4))}}, FIELDS))
+    with pytest.raises(AuthenticationError):
+        raw_client(folder, b"w" * 32)
+    still_serves(folder)
+    answer(first.submit({"prompt": "y", "multi_modal_data": {"image": Image.new("RGB", (4, 4))}}, FIELDS))
+    assert len((folder / "stub.pid").read_text().split()) == 1  # the same service all along
+    first.close()
+
+
+class Planted:
+    """What a pickle from a peer would run: creating a marker file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (str(self.marker), "w"))
+
+
+def test_malformed_frames_and_pickles_end_only_their_connection(folder: Path) -> None:
+    first = StubRemoteEngine(settings(folder))
+    answer(first.submit({"prompt": "x", "multi_modal_data": {"image": Image.new("RGB", (4, 4))}}, FIELDS))
+    key = read_authkey(folder)
+    marker = folder.parent / "unpickled-by-the-service"
+    hostile = [
+        lambda c: c.send(Planted(marker)),                                  # the old protocol's pickle
+        lambda c: c.send_bytes(b"not a frame"),
+        lambda c: wire.send(c, {"kind": "starts", "starts": 1}),            # a reply sent to the service
+        lambda c: c.send_bytes(struct.pack(">I", 4) + b"{}}}"),
+        lambda c: c._send(struct.pack("!i", wire.MAX_FRAME + 1)),           # over the size limit: never read
+    ]
+    for send in hostile:
+        conn = raw_client(folder, key)
+        send(conn)
+        with pytest.raises((EOFError, OSError)):
+            conn.recv_bytes()  # the service closed this connection
+        conn.close()
+    # A peer that dies mid-frame: the length of a 1,000-byte frame, 10 bytes of it, gone.
+    conn = raw_client(folder, key)
+    conn._send(struct.pack("!i", 1000) + b"0123456789")
+    conn.close()
+    still_serves(folder)
+    answer(first.submit({"prompt": "y", "multi_modal_data": {"image": Image.new("RGB", (4, 4))}}, FIELDS))
+    assert len((folder / "stub.pid").read_text().split()) == 1  # the same service all along
+    assert not marker.exists()
+    first.close()
+
+
+def test_a_worker_does_not_unpickle_what_the_service_sends(folder: Path) -> None:
+    """A service (a fake one, holding the folder's real key) that answers with a pickle: the worker does not load
+    it; the page in flight fails as a lost connection (the feed resubmits it)."""
+    engine = StubRemoteEngine(settings(folder))
+    marker = folder.parent / "unpickled-by-the-worker"
+    from transforms.engines.machine_folder import prepare_folder
+
+    prepare_folder(folder)
+    key = engine._authkey()
+    listener = Listener(str(folder / SOCKET), family="AF_UNIX", authkey=key)
+
+    def fake_service() -> None:
+        conn = listener.accept()
+        conn.recv_bytes()
+        conn.send(Planted(marker))
+        time.sleep(1)
+        conn.close()
+
+    thread = threading.Thread(target=fake_service, daemon=True)
+    thread.start()
+    future = engine.submit({"prompt": "x", "multi_modal_data": {"image": Image.new("RGB", (4, 4))}}, FIELDS)
+    with pytest.raises(RuntimeError, match="connection lost"):
+        future.result(timeout=30)
+    thread.join(timeout=10)
+    listener.close()
+    assert not marker.exists()
+
+
+def race_worker(directory: str, go: str) -> None:
+    """One worker process of the race: wait for the start signal, then submit a page and print the answer."""
+    while not os.path.exists(go):
+        time.sleep(0.005)
+    engine = StubRemoteEngine(settings(Path(directory)))
+    img = Image.new("RGB", (4, 4))
+    print(json.dumps(answer(engine.submit({"prompt": f"pid {os.getpid()}", "multi_modal_data": {"image": img}},
+                                          FIELDS))))
+    engine.close()
+
+
+def test_two_workers_racing_to_start_the_service_share_one(folder: Path) -> None:
+    go = folder.parent / "go"
+    code = ("import sys; from tests.transforms.engines.test_machine_service import race_worker; "
+            "race_worker(sys.argv[1], sys.argv[2])")
+    workers = [subprocess.Popen(python_argv("-c", code, str(folder), str(go)), stdout=subprocess.PIPE,
+                                env=service_env(os.environ, sys.path), text=True) for _ in range(2)]
+    time.sleep(0.5)  # both past their imports, waiting for the signal (a late one only makes the race easier)
+    go.touch()
+    outputs = [w.communicate(timeout=120)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0]
+    prompts = sorted(json.loads(out.strip().splitlines()[-1])["prompt"] for out in outputs)
+    assert prompts == sorted(f"pid {w.pid}" for w in workers)  # both served
+    assert len((folder / "stub.pid").read_text().split()) == 1  # by one service
+    assert len((folder / "starts").read_text().split()) == 1  # with one engine
+
+
+@pytest.mark.parametrize("with_authkey", [True, False])
+def test_a_planted_folder_receives_no_prompt_and_no_page(monkeypatch: pytest.MonkeyPatch, with_authkey: bool) -> None:
+    """Another user's folder with a listening server (and a readable authkey, or none for the worker to create)
+    where the run's folder should be: the worker refuses it before connecting, and its pages fail with
+    engine_error saying why."""
+    from tests.transforms.engines.test_feed import ENGINE, config, page
+    from tests.transforms.engines.test_machine_folder import plant_as_other_user
+
+    base = Path(tempfile.mkdtemp(prefix="pm-"))
+    planted = base / "svc"
+    planted.mkdir(mode=0o700)
+    if with_authkey:
+        (planted / "authkey").write_bytes(b"k" * 32)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(planted / SOCKET))
+    server.listen(8)
+    server.settimeout(0.2)
+    connected: list[bytes] = []
+    stop = threading.Event()
+
+    def planted_server() -> None:  # records whatever a worker would send it, and hangs up
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(1)
+                try:
+                    connected.append(conn.recv(1 << 20))
+                except OSError:
+                    connected.append(b"")
+
+    thread = threading.Thread(target=planted_server, daemon=True)
+    thread.start()
+    try:
+        plant_as_other_user(monkeypatch)(planted)
+        engine = StubRemoteEngine(settings(planted))
+        with pytest.raises(FolderRefused, match="owned by uid"):
+            engine.submit({"prompt": "secret prompt", "multi_modal_data": {"image": Image.new("RGB", (4, 4))}},
+                          FIELDS)
+        cfg = replace(config(), max_attempts=2)
+        feed = PageFeed(engine, cfg, max_in_flight=2)
+        key, task = make_task(page(1), ENGINE, cfg)
+        result, first = feed.claim(key)
+        assert first
+        feed.slots.acquire()
+        feed.start(task, result)
+        row = result.result(timeout=60)
+        assert (row.status, row.reason_code) == ("failed", "engine_error")
+        assert "owned by uid" in (row.message or "")
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        server.close()
+        monkeypatch.undo()
+        shutil.rmtree(base, ignore_errors=True)
+    assert connected == []  # nobody ever connected to the planted server
