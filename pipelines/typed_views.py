@@ -32,8 +32,6 @@ RESERVED = ("documents", "pages", "ledger", "documents_all", "pages_all", "ledge
             "typed_views", "typed_columns", "typed_unfit")
 VIEWS = pa.schema([("view", pa.string()), ("schema_id", pa.string()), ("unnests", pa.string()),
                    ("schema_hashes", pa.list_(pa.string())), ("note", pa.string())])
-COLUMNS = pa.schema([("view", pa.string()), ("column", pa.string()), ("type", pa.string()),
-                     ("nullable", pa.bool_()), ("property", pa.string()), ("note", pa.string())])
 
 
 @dataclass(frozen=True)
@@ -207,9 +205,8 @@ def _item_view_sql(view: View) -> str:
 def create(con: duckdb.DuckDBPyConnection, manifests: Iterable[str]) -> None:
     """Create every typed view in `con` (which has `pages`), with `typed_views`, `typed_columns` and
     `typed_unfit`. A view DuckDB refuses becomes the extraction as JSON, with the reason as its note."""
-    seen = dict(con.execute(
-        f"SELECT schema_id, list(DISTINCT schema_hash) FROM pages_all WHERE status = {literal(OK)} "
-        "AND schema_id IS NOT NULL AND extraction IS NOT NULL GROUP BY ALL").fetchall())
+    seen = dict(con.execute(f"SELECT schema_id, list(DISTINCT schema_hash) FROM pages_all WHERE status = {literal(OK)} "
+                            "AND schema_id IS NOT NULL GROUP BY ALL").fetchall())
     views, columns = [], []
     for view in plan(seen, schema_files(manifests)):
         try:
@@ -222,25 +219,40 @@ def create(con: duckdb.DuckDBPyConnection, manifests: Iterable[str]) -> None:
             con.execute(view_sql(view))
         views.append({"view": view.name, "schema_id": view.schema_id, "unnests": view.parent,
                       "schema_hashes": list(view.hashes), "note": "; ".join(view.notes) or None})
-        columns += _describe(con, view)
+        columns += _column_rows(view)
     con.register("typed_views", pa.Table.from_pylist(views, schema=VIEWS))
-    con.register("typed_columns", pa.Table.from_pylist(columns, schema=COLUMNS))
+    # Types as DuckDB states them (duckdb_columns binds a view only when this is read, not at every connect).
+    described = ", ".join(f"({literal(r['view'])}, {literal(r['column'])}, {_sql_value(r['nullable'])}, "
+                          f"{_sql_value(r['property'])}, {_sql_value(r['note'])})" for r in columns)
+    con.execute(
+        'CREATE VIEW typed_columns AS SELECT c.table_name AS "view", c.column_name AS "column", c.data_type AS type, '
+        "m.nullable::BOOLEAN AS nullable, m.property::VARCHAR AS property, m.note::VARCHAR AS note "
+        f"FROM duckdb_columns() c JOIN (VALUES {described}) m(v, col, nullable, property, note) "
+        "ON m.v = c.table_name AND m.col = c.column_name "
+        "WHERE c.database_name = current_database() AND c.schema_name = current_schema() "
+        "ORDER BY c.table_name, c.column_index")
     unfit = " UNION ALL ".join(
         f"SELECT tenant, run_id, doc_sha256, source_uri, page_index, {literal(v['view'])} AS {quote('view')}, "
         f"unnest({UNFIT_COLUMNS}) AS {quote('column')} FROM {quote(v['view'])}" for v in views if not v["unnests"])
     con.execute(f"CREATE VIEW typed_unfit AS {unfit}")
 
 
-def _describe(con: duckdb.DuckDBPyConnection, view: View) -> list[dict[str, Any]]:
-    """One typed_columns row per column, its type as DuckDB's DESCRIBE shows it."""
-    by_name = {c.name: c for c in (item_columns(view) if view.parent is not None else view.columns)}
+def _column_rows(view: View) -> list[dict[str, Any]]:
+    """One typed_columns row per column of a view: the keys, the typed columns, the unfit counts."""
+    own = item_columns(view) if view.parent is not None else view.columns
     parent = f"{view.columns[0].prop}[]" if view.parent is not None else ""
-    rows = []
-    for name, sql_type, *_ in con.execute(f"DESCRIBE {quote(view.name)}").fetchall():
-        column = by_name.get(name)
-        rows.append({"view": view.name, "column": name, "type": sql_type,
-                     "nullable": column.type.nullable if column else None,
-                     "property": ((f"{parent}.{column.prop}" if column.prop else parent) if parent else column.prop)
-                     if column else None,
-                     "note": "; ".join(column.type.notes()) if column and column.type.notes() else None})
+    meta = [*KEYS, *((ITEM_INDEX,) if parent else ()), *((WHOLE,) if not own else ())]
+    rows = [{"view": view.name, "column": name, "nullable": None, "property": None, "note": None} for name in meta]
+    rows += [{"view": view.name, "column": c.name, "nullable": c.type.nullable,
+              "property": (f"{parent}.{c.prop}" if c.prop else parent) if parent else c.prop,
+              "note": "; ".join(c.type.notes()) or None} for c in own]
+    if not parent:
+        rows += [{"view": view.name, "column": n, "nullable": None, "property": None, "note": None}
+                 for n in (UNFIT_COLUMNS, UNFIT_VALUES)]
     return rows
+
+
+def _sql_value(value: str | bool | None) -> str:
+    if value is None:
+        return "NULL"
+    return str(value).upper() if isinstance(value, bool) else literal(value)

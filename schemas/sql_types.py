@@ -23,6 +23,7 @@ _NUMERIC = ("BIGINT", "DOUBLE")
 _SCALARS = {"integer": "BIGINT", "boolean": "BOOLEAN"}
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DIGITS = frozenset("0123456789")
+MAX_DEPTH = 16  # deeper parts are JSON: the view's SQL grows with the depth (a run's schema has at most 64)
 
 
 @dataclass(frozen=True)
@@ -61,22 +62,26 @@ def properties(schema: Any) -> dict[str, SqlType] | None:
     props = node.get("properties") if isinstance(node, Mapping) else None
     if not isinstance(props, Mapping) or not props:
         return None
-    return _fields(node, props, schema, "", frozenset())
+    return _fields(node, props, schema, "", frozenset(), 0)
 
 
 def _fields(node: Mapping[str, Any], props: Mapping[str, Any], root: Mapping[str, Any], path: str,
-            refs: frozenset[str]) -> dict[str, SqlType]:
+            refs: frozenset[str], depth: int) -> dict[str, SqlType]:
     """The type of each property; one that `required` does not list may be absent, so it is nullable too."""
     required = set(node.get("required") or ()) if isinstance(node.get("required"), list) else set()
-    types = {n: sql_type(c, root, f"{path}.{n}" if path else n, refs) for n, c in props.items()}
+    types = {n: sql_type(c, root, f"{path}.{n}" if path else n, refs, depth + 1) for n, c in props.items()}
     return {n: t if n in required or t.nullable else replace(t, nullable=True) for n, t in types.items()}
 
 
-def sql_type(node: Any, root: Mapping[str, Any], path: str, refs: frozenset[str] = frozenset()) -> SqlType:
-    """The SQL type of one JSON Schema node; `root` resolves local `$ref`s, `path` names the node in notes."""
+def sql_type(node: Any, root: Mapping[str, Any], path: str, refs: frozenset[str] = frozenset(),
+             depth: int = 1) -> SqlType:
+    """The SQL type of one JSON Schema node; `root` resolves local `$ref`s, `path` names the node in notes,
+    `depth` counts the properties and items above it."""
     node, refs, why = _resolve(node, root, refs)
     if why:
         return as_json(path, why)
+    if depth > MAX_DEPTH:
+        return as_json(path, f"nested deeper than {MAX_DEPTH} levels")
     if not isinstance(node, Mapping) or not node.keys() - {"description", "title", "$comment", "default"}:
         return as_json(path, "any value")
     for key in ("anyOf", "oneOf"):
@@ -84,7 +89,7 @@ def sql_type(node: Any, root: Mapping[str, Any], path: str, refs: frozenset[str]
             branches = [b for b in node[key] if not _is_null(b)]
             if len(branches) != 1:
                 return as_json(path, f"{key} of several types")
-            one = sql_type(branches[0], root, path, refs)
+            one = sql_type(branches[0], root, path, refs, depth)
             return replace(one, nullable=one.nullable or len(branches) < len(node[key]))
     if "allOf" in node:
         return as_json(path, "allOf")
@@ -97,14 +102,14 @@ def sql_type(node: Any, root: Mapping[str, Any], path: str, refs: frozenset[str]
         return as_json(path, f"several types ({', '.join(sorted(kinds))})" if kinds else "no type")
     kind = kinds.pop()
     if kind == "array":
-        return _array(node, root, path, refs, nullable)
+        return _array(node, root, path, refs, nullable, depth)
     if kind == "object":
         props = node.get("properties")
         if not isinstance(props, Mapping) or not props:
             return as_json(path, "an object without properties (free-form)", nullable)
         if len({n.lower() for n in props}) < len(props):  # a STRUCT's field names ignore case
             return as_json(path, "property names that differ only in case", nullable)
-        return SqlType(fields=tuple(_fields(node, props, root, path, refs).items()), nullable=nullable)
+        return SqlType(fields=tuple(_fields(node, props, root, path, refs, depth).items()), nullable=nullable)
     if kind == "string":
         return SqlType(_string(node), nullable=nullable)
     if kind == "number":
@@ -161,10 +166,10 @@ def _json_kind(value: Any) -> str:
 
 
 def _array(node: Mapping[str, Any], root: Mapping[str, Any], path: str, refs: frozenset[str],
-           nullable: bool) -> SqlType:
+           nullable: bool, depth: int) -> SqlType:
     if "prefixItems" in node or isinstance(node.get("items"), list):
         return as_json(path, "a tuple (items by position)", nullable)
-    return SqlType(items=sql_type(node.get("items", True), root, f"{path}[]", refs), nullable=nullable)
+    return SqlType(items=sql_type(node.get("items", True), root, f"{path}[]", refs, depth + 1), nullable=nullable)
 
 
 def _string(node: Mapping[str, Any]) -> str:
@@ -203,13 +208,13 @@ def iso_date_pattern(pattern: str) -> bool:
     (`[0-9]{4}`, `\\d\\d\\d\\d`, `(0[1-9]|1[0-2])`) counts; the values are still cast, so 2026-02-31 is unfit."""
     try:
         parsed = list(sre_parse.parse(pattern))
+        ends = (sre.AT_END, sre.AT_END_STRING)
+        if len(parsed) < 2 or parsed[0] != (sre.AT, sre.AT_BEGINNING) or parsed[-1][0] != sre.AT or \
+                parsed[-1][1] not in ends:
+            return False
+        chars = _positions(parsed[1:-1])
     except (re.error, RecursionError, OverflowError):
         return False
-    ends = (sre.AT_END, sre.AT_END_STRING)
-    if len(parsed) < 2 or parsed[0] != (sre.AT, sre.AT_BEGINNING) or parsed[-1][0] != sre.AT or \
-            parsed[-1][1] not in ends:
-        return False
-    chars = _positions(parsed[1:-1])
     return chars is not None and len(chars) == 10 and all(
         c == frozenset("-") if i in (4, 7) else c <= _DIGITS for i, c in enumerate(chars))
 

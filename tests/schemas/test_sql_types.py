@@ -99,6 +99,19 @@ def test_what_has_no_one_type_is_json_and_says_why() -> None:
     assert found["cased"].notes() == ("cased: property names that differ only in case, kept as JSON",)
 
 
+def test_deep_nesting_is_json_below_the_limit() -> None:
+    node: dict[str, Any] = {"type": "string"}
+    for _ in range(20):  # 20 arrays of arrays: the 17th level and below are JSON
+        node = {"type": "array", "items": node}
+    found = properties({"type": "object", "required": ["deep"], "properties": {"deep": node}})
+    assert found is not None
+    expected: Any = "JSON"
+    for _ in range(16):
+        expected = [expected]
+    assert found["deep"].structure() == expected
+    assert found["deep"].notes() == ("deep" + "[]" * 16 + ": nested deeper than 16 levels, kept as JSON",)
+
+
 @pytest.mark.parametrize("schema", [{}, {"type": "object"}, {"type": "object", "properties": {}}, {"type": "string"},
                                     [1, 2]])
 def test_a_schema_without_properties_has_no_columns(schema: Any) -> None:
