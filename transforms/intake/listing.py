@@ -14,6 +14,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from schemas.records import ListedObject
+from transforms.intake.reading import under
 
 MISSING = -1  # ListedObject.size of a URI that was listed by name but does not exist
 OUTSIDE = -2  # ListedObject.size of a local path that a wildcard reached through a symlink leading out
@@ -58,11 +59,18 @@ def glob_root(pattern: str) -> str | None:
     return os.path.dirname(literal_prefix(pattern)) or "."
 
 
+def local_roots(patterns: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """The local folders the patterns' wildcards walk, each as (absolute path, resolved path): what the reader
+    checks an opened file against (transforms/intake/reading.py). `@FILE` lists are not opened here: their
+    wildcards are not covered."""
+    roots = {glob_root(g) for p in patterns if not p.startswith("@") for g in expand_input(p)}
+    return tuple(sorted((os.path.abspath(r), os.path.realpath(r)) for r in roots if r is not None))
+
+
 def inside(path: str, real_root: str) -> bool:
     """True when `path`, with every symlink resolved, lies under `real_root` (already resolved: it is
     resolved once per listing, not once per object)."""
-    real = os.path.realpath(path)
-    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
+    return under(os.path.realpath(path), real_root)
 
 
 def match_pattern(pattern: str) -> Iterator[ListedObject]:

@@ -10,11 +10,19 @@ object that keeps failing), which no option changes.
 
 An object whose read still fails after the last attempt raises `ReadFailed` with reason `storage_error`
 (a failure of the system: it counts towards exit code 1); any other refusal (no such key, access denied, a
-local file that vanished) is `unreadable`, as before. Other schemes (local files, gs://) go through Beam's
-FileSystems.
+local file that vanished) is `unreadable`, as before. Local paths are read with the OS's own calls, other
+schemes (file://, gs://) through Beam's FileSystems.
+
+A local file is opened before it is checked, and the check is on what was opened: a regular file (a FIFO
+swapped in could block the read forever), and, when it lies in a folder the listing walked (`local_roots`),
+one that resolves inside that folder. The listing already refuses a link leading out (`outside_input`); this
+keeps a file swapped for such a link after the listing (or between intake and rendering) from being read
+through it.
 """
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
@@ -22,7 +30,7 @@ from urllib.parse import urlparse
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-STORAGE_ERROR, UNREADABLE = "storage_error", "unreadable"
+STORAGE_ERROR, UNREADABLE, OUTSIDE_INPUT = "storage_error", "unreadable", "outside_input"
 # Error codes that say "slow down" rather than "no": botocore's standard mode retries these too.
 THROTTLING = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
                         "TooManyRequestsException", "RequestThrottled", "ProvisionedThroughputExceededException"})
@@ -49,6 +57,9 @@ class ReadConfig:
     s3_session_token: str | None = field(default=None, repr=False)
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 60.0
+    # (folder as listed, made absolute; the same folder resolved): a local object under one is read only if
+    # what is opened resolves inside it (transforms/intake/listing.py local_roots)
+    local_roots: tuple[tuple[str, str], ...] = ()
 
     def botocore_config(self) -> Any:
         from botocore.config import Config
@@ -63,6 +74,42 @@ def read_capped(uri: str, limit: int) -> bytes:
     cannot exhaust memory."""
     with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
         return handle.read(limit + 1)
+
+
+def opened_path(fd: int, path: str) -> str:
+    """Where an open file really is: the kernel's name for the descriptor (Linux), else the path resolved now."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return os.path.realpath(path)
+
+
+def under(path: str, folder: str) -> bool:
+    """Pure: `path` is `folder` or lies below it (both absolute, compared as they are)."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def read_local(path: str, limit: int, roots: tuple[tuple[str, str], ...] = ()) -> bytes:
+    """At most limit + 1 bytes of a local file, checked after it is opened (see the module's docstring)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ReadFailed(UNREADABLE, "not a regular file (it changed after it was listed)")
+        listed = os.path.abspath(path)
+        for folder, real_folder in roots:
+            if under(listed, folder) and not under(opened_path(fd, path), real_folder):
+                raise ReadFailed(OUTSIDE_INPUT, "it became a link leading outside the listed folder after it was "
+                                                "listed: not followed, not read")
+        chunks, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def is_storage_failure(err: Exception) -> bool:
@@ -101,7 +148,9 @@ class ObjectReader:
         """At most limit + 1 bytes of `uri`. Raises ReadFailed."""
         if not uri.startswith("s3://"):
             try:
-                return read_capped(uri, limit)
+                return read_local(uri, limit, self.cfg.local_roots) if "://" not in uri else read_capped(uri, limit)
+            except ReadFailed:
+                raise
             except Exception as err:
                 raise ReadFailed(UNREADABLE, f"read failed: {type(err).__name__}: {err}") from err
         return self._read_s3(uri, limit)

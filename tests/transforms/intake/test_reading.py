@@ -1,8 +1,10 @@
 """Reading input objects: which errors are the store failing (storage_error, after the retries) and which
 are refusals (unreadable); the retry configuration is what the options say. The retries themselves against a
-real S3 server behind a fault injector: tests/pipelines/test_s3_faults.py."""
+real S3 server behind a fault injector: tests/pipelines/test_s3_faults.py. A local file is checked once it is
+open: a regular file, and inside the listed folder (issue 22: a file swapped for a link after listing)."""
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 
@@ -15,6 +17,9 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
+from pipelines.options import PagemillOptions
+from pipelines.settings import run_settings
+from transforms.intake.listing import list_matching, local_roots
 from transforms.intake.reading import UNREADABLE, ObjectReader, ReadConfig, ReadFailed, is_storage_failure
 
 
@@ -51,3 +56,40 @@ def test_reader_pickles_without_its_client_or_printing_keys() -> None:
     copy = pickle.loads(pickle.dumps(reader))
     assert copy._client is None and copy.cfg == reader.cfg
     assert "shh" not in repr(reader.cfg) and "AKIA-SECRET" not in repr(reader.cfg)
+
+
+def test_a_file_swapped_for_an_outside_link_after_listing_is_not_read(tmp_path: Path) -> None:
+    # Fails before the fix: the reader opened the path and followed the new link to the secret.
+    uploads, outside = tmp_path / "uploads", tmp_path / "home"
+    (uploads / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "secret.pdf").write_bytes(b"%PDF-secret")
+    (uploads / "a.pdf").write_bytes(b"%PDF-a")
+    (uploads / "sub" / "b.pdf").write_bytes(b"%PDF-b")
+    (uploads / "inside-link.pdf").symlink_to(uploads / "sub" / "b.pdf")  # a link within the folder: followed
+    listed = {Path(o.uri).name: o for o in list_matching([str(uploads)])}
+    assert set(listed) == {"a.pdf", "b.pdf", "inside-link.pdf"}
+    reader = ObjectReader(ReadConfig(local_roots=local_roots([str(uploads)])))
+    (uploads / "a.pdf").unlink()
+    (uploads / "a.pdf").symlink_to(outside / "secret.pdf")  # the swap, after the listing
+    with pytest.raises(ReadFailed) as refused:
+        reader.read(listed["a.pdf"].uri, 100)
+    assert refused.value.reason_code == "outside_input" and "secret" not in str(refused.value)
+    assert reader.read(listed["inside-link.pdf"].uri, 100) == b"%PDF-b"
+    assert reader.read(listed["b.pdf"].uri, 3) == b"%PDF"  # limit + 1, as before
+    # A file named on its own is the caller's choice, link or not; and no roots: no check.
+    assert ObjectReader(ReadConfig()).read(listed["a.pdf"].uri, 100) == b"%PDF-secret"
+
+
+def test_a_file_swapped_for_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "a.pdf")  # opened without blocking, then refused: not a regular file
+    with pytest.raises(ReadFailed, match="not a regular file"):
+        ObjectReader(ReadConfig()).read(str(tmp_path / "a.pdf"), 100)
+
+
+def test_the_run_reader_knows_the_listed_folders(tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    link = tmp_path / "via-link"
+    link.symlink_to(tmp_path / "in")
+    options = PagemillOptions(["--input", str(link), "--input", str(tmp_path / "one.pdf"), "--output", "o"])
+    assert run_settings(options.view_as(PagemillOptions)).read.local_roots == ((str(link), str(tmp_path / "in")),)
