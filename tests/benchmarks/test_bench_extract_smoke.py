@@ -42,11 +42,26 @@ def test_two_pages_give_a_json_line_with_every_figure(test_model_dir: Path, caps
     assert figures["pages"] == 2 and figures["max_in_flight"] >= 2
     assert figures["ok"] + figures["invalid"] + figures["failed"] == 2
     assert figures["ok"] >= 1, figures
-    for key in ("engine_start_s", "wall_s", "pages_per_s", "prompt_tokens_per_s", "output_tokens_per_s",
-                "image_tokens", "text_tokens", "output_tokens", "engine_s", "engine_calls", "engine_busy_fraction",
-                "usd_per_1m_pages", "api_usd_per_1m_pages", "api_cost_ratio"):
-        assert figures[key] > 0, (key, figures[key])
+    # Each attempt is one engine request; each answer has at least one token and at most --max-tokens.
+    assert figures["engine_calls"] == figures["attempts"] and 2 <= figures["attempts"] <= 2 * 2
+    assert figures["attempts"] <= figures["output_tokens"] <= figures["attempts"] * 256
+    # Both generated pages (an invoice, a report page) are A4 at 150 dpi, 1241x1754 px, capped to 911x1288 by
+    # --max-side 1288. Qwen2-VL (the engine's own count): 28-px units, round(911/28) x round(1288/28) = 33 x 46
+    # = 1518 image tokens a page. GPT-4o's published rule: within 2048 px, shortest side to 768 (768x1086),
+    # 512-px tiles 2 x 3: 85 + 170 x 6 = 1105 tokens a page; at $2.5 in and $10 out a million tokens.
+    assert figures["image_tokens"] == 2 * 1518
+    text, out = figures["text_tokens"], figures["output_tokens"]
+    assert figures["api_usd_per_1m_pages"] == pytest.approx(((2 * 1105 + text) * 2.5 + out * 10) / 2, abs=0.01)
+    # The rates are the counts over the measured wall (rounded as printed).
+    wall = figures["wall_s"]
+    assert figures["pages_per_s"] == pytest.approx(2 / wall, rel=2e-3)
+    assert figures["prompt_tokens_per_s"] == pytest.approx((figures["image_tokens"] + text) / wall, rel=2e-3)
+    assert figures["output_tokens_per_s"] == pytest.approx(out / wall, rel=2e-3, abs=0.1)
     # Engine time is part of the extraction wall (a small tolerance for clock reads).
+    assert figures["engine_s"] > 0 and figures["engine_busy_fraction"] == pytest.approx(figures["engine_s"] / wall,
+                                                                                       abs=2e-3)
     assert figures["engine_busy_fraction"] <= 1.01
     assert figures["usd_per_1m_pages"] == pytest.approx(
         figures["wall_s"] / 2 * 1e6 / 3600 * figures["gpu_hourly_usd"], rel=0.01)
+    assert figures["api_cost_ratio"] == pytest.approx(figures["api_usd_per_1m_pages"] / figures["usd_per_1m_pages"],
+                                                      rel=0.01)

@@ -5,6 +5,9 @@ Rows are read from the raw Parquet files with pyarrow (never through the SQL vie
 duplicates by keeping the latest row per key)."""
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import os
 import random
 import signal
@@ -13,12 +16,14 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 
 from tests import docmaker
 from tests.conftest import vllm_available
+from transforms.intake.inspection import IntakeLimits, count_pages
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE_KEY = ("run_id", "doc_sha256", "page_index")
@@ -155,3 +160,103 @@ def test_kill_at_a_random_point_then_resume_loses_and_duplicates_nothing(tmp_pat
     assert_one_row_per_key(output, "r1", listed=N_DOCS + 1, pages=pages)
     statuses = Counter(r["status"] for r in raw_rows(output, "pages", "r1"))
     assert statuses == {"rendered": pages}
+
+
+# What a resumed run reads and sends to the model -----------------------------------------------------
+
+def logged_count(data: bytes, fmt: str, limits: IntakeLimits, log: str) -> int:
+    """Intake's page counter (it runs once per document intake reads, in the intake process), logging the
+    document's sha256 first."""
+    with open(log, "a") as handle:
+        handle.write(hashlib.sha256(data).hexdigest() + "\n")
+    return count_pages(data, fmt, limits)
+
+
+class Probes:
+    """The run's own graph (pipelines/graph.py), with intake's reads and the engine's requests logged; a wave
+    named in `fail_wave` raises before its pipeline runs (the run stopped there, as a kill between waves)."""
+
+    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        from pipelines import graph
+
+        self.reads, self.calls, self.fail_wave = root / "reads.log", root / "calls.log", None
+        self.build = graph.build_pipeline
+        monkeypatch.setattr(graph, "build_pipeline", self.probed)
+
+    def probed(self, *args: Any, **kwargs: Any) -> None:
+        from tests.pipelines.test_safety_pipeline import ProbeEngine
+        from transforms.output.write import part_prefix
+
+        if self.fail_wave is not None and kwargs.get("prefix") == part_prefix(self.fail_wave):
+            raise RuntimeError(f"stopped before wave {self.fail_wave}")
+        self.build(*args, **kwargs, engine_factory=functools.partial(ProbeEngine, log=str(self.calls)),
+                   intake_count=functools.partial(logged_count, log=str(self.reads)))
+
+    def run(self, inputs: Path, output: Path, run_id: str, *flags: str) -> tuple[int, list[str], int]:
+        """Exit code, the sha256 of each document intake read, and how many requests reached the engine."""
+        from pipelines import cli
+
+        self.reads.write_text("")
+        self.calls.write_text("")
+        code = cli.main(["run", "--input", str(inputs), "--output", str(output), "--run-id", run_id,
+                         "--progress-every-s", "0", "--workers", "1", *flags])
+        return code, self.reads.read_text().split(), len(self.calls.read_text().splitlines())
+
+
+def documents(inputs: Path, pages: dict[str, int]) -> dict[str, str]:
+    """One PDF a name with its pages, each different; their sha256 by name."""
+    sha = {}
+    for name, n in pages.items():
+        data = docmaker.multipage_pdf(n, title=f"Document {name}")
+        (inputs / name).write_bytes(data)
+        sha[name] = hashlib.sha256(data).hexdigest()
+    return sha
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")
+def test_a_resumed_run_reads_and_extracts_only_the_new_documents(tmp_path: Path, test_model_dir: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """One pipeline listing its inputs itself (--wave-objects 0): a finished run, run again under its id
+    with one more document, reads and extracts that one only. The finished ones are dropped before
+    intake, not read again and answered from the result cache (which compaction would then hide)."""
+    inputs, output = tmp_path / "in", tmp_path / "out"
+    inputs.mkdir()
+    probes = Probes(tmp_path, monkeypatch)
+    flags = ["--wave-objects", "0", "--schema", "invoice", "--model", str(test_model_dir), "--model-revision", "tiny",
+             "--max-tokens", "64", "--max-attempts", "1", "--kv-cache-gib", "0.25", "--max-side", "400"]
+    sha = documents(inputs, {"a.pdf": 1, "b.pdf": 2})
+    code, read, model_calls = probes.run(inputs, output, "grow", *flags)
+    assert (code, sorted(read), model_calls) == (0, sorted(sha.values()), 3)
+    sha |= documents(inputs, {"c.pdf": 2})
+    code, read, model_calls = probes.run(inputs, output, "grow", *flags)
+    assert (code, read, model_calls) == (0, [sha["c.pdf"]], 2)  # c's two pages
+    manifest = json.loads((output / "runs" / "grow.json").read_text())
+    assert manifest["resumed"] is True and manifest["stage_timings"]["documents_accepted"] == 1
+    assert_one_row_per_key(output, "grow", listed=3, pages=5)
+
+
+def test_a_run_stopped_between_waves_resumes_with_the_unfinished_wave_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Waves (--wave-objects 2): the run stops before its second wave; run again, it reads that wave's
+    documents only (the finished wave is not read again) and ends with one row a key."""
+    inputs, output = tmp_path / "in", tmp_path / "out"
+    inputs.mkdir()
+    probes = Probes(tmp_path, monkeypatch)
+    flags = ["--wave-objects", "2", "--extract", "false"]
+    sha = documents(inputs, {"a.pdf": 1, "b.pdf": 2, "c.pdf": 2})
+    probes.fail_wave = 1
+    code, first, _ = probes.run(inputs, output, "waves", *flags)
+    assert code == 1 and manifests(output) == []
+    # Which documents each wave holds: the run's own written listing.
+    waves = [sorted(sha[Path(r["uri"]).name] for r in pq.read_table(path).to_pylist())
+             for path in sorted(output.rglob("wave-*.parquet"))]
+    assert len(waves) == 2 and all(waves) and sorted(waves[0] + waves[1]) == sorted(sha.values())
+    assert sorted(first) == waves[0]
+    probes.fail_wave = None
+    code, second, _ = probes.run(inputs, output, "waves", *flags)
+    assert (code, sorted(second)) == (0, waves[1])
+    manifest = json.loads((output / "runs" / "waves.json").read_text())
+    assert (manifest["waves"]["skipped"], manifest["waves"]["ran"]) == (1, 1)
+    assert manifest["stage_timings"]["documents_accepted"] == len(waves[1])
+    assert_one_row_per_key(output, "waves", listed=3, pages=5)
