@@ -3,6 +3,8 @@ tiny test model on 127.0.0.1: one server for the module (it takes 1-2 minutes to
 it runs last."""
 from __future__ import annotations
 
+import glob
+import hashlib
 import json
 import threading
 import time
@@ -81,6 +83,15 @@ def test_down_endpoint_fails_preflight_in_seconds(tmp_path: Path, capsys: pytest
     assert not (tmp_path / "out" / "documents").exists()  # nothing ran
 
 
+def corpus_pages(pattern: str) -> int:
+    """The pages a run of `pattern` must have rows for, counted here with pdfium itself: every page of each
+    distinct document (by sha256: a copy is a `duplicate` document, with no pages of its own)."""
+    import pypdfium2
+
+    by_hash = {hashlib.sha256(p.read_bytes()).hexdigest(): p for p in map(Path, glob.glob(pattern))}
+    return sum(len(pypdfium2.PdfDocument(p.read_bytes())) for p in by_hash.values())
+
+
 def test_invoice_corpus_through_the_served_model(server: VllmServer, tmp_path: Path) -> None:
     out = tmp_path / "out"
     code = cli.main(["run", "--input", invoice2data_run.INPUT, "--output", str(out), "--run-id", "s1",
@@ -89,7 +100,9 @@ def test_invoice_corpus_through_the_served_model(server: VllmServer, tmp_path: P
     schema = load_schema("invoice")
     pages = list(one_row_per(raw_rows(out, "pages", "s1"), "doc_sha256", "page_index").values())
     ok = [p for p in pages if p["status"] == "ok"]
-    assert len(pages) >= 11 and len(ok) / len(pages) >= 0.9, [(p["status"], p["reason_code"]) for p in pages]
+    expected = corpus_pages(invoice2data_run.INPUT)
+    assert expected >= 11  # the glob found the corpus: one page at least for each of its 11 PDFs
+    assert len(pages) == expected and len(ok) / len(pages) >= 0.9, [(p["status"], p["reason_code"]) for p in pages]
     for page in ok:
         jsonschema.validate(json.loads(page["extraction"]), schema.schema)
         assert page["model"] == "tiny"
@@ -98,7 +111,7 @@ def test_invoice_corpus_through_the_served_model(server: VllmServer, tmp_path: P
     for r in ledger:  # the server's usage; gpu_seconds its share of the wall time, priced at the hourly rate
         assert r["text_tokens"] > 0 and r["image_tokens"] > 0 and r["output_tokens"] > 0
         assert r["gpu_seconds"] > 0 and r["cost_usd"] == pytest.approx(r["gpu_seconds"] * 3.6 / 3600)
-    manifest = json.loads(next((out / "runs").glob("s1.json")).read_text())
+    manifest = json.loads(next((out / "runs").rglob("s1.json")).read_text())
     assert manifest["totals"]["model_calls"] == len(ledger), manifest["totals"]
     from pipelines import report
 
@@ -133,7 +146,7 @@ def test_hosted_route_prices_the_usage_at_list_price(server: VllmServer, tmp_pat
     listed = ((r["image_tokens"] + r["text_tokens"]) * prices["input_usd_per_mtok"]
               + r["output_tokens"] * prices["output_usd_per_mtok"]) / 1e6
     assert r["cost_usd"] == pytest.approx(listed) and r["cost_usd"] > 0
-    assert "sk-test" not in "".join(p.read_text() for p in (out / "runs").glob("*.json"))
+    assert "sk-test" not in "".join(p.read_text() for p in (out / "runs").rglob("*.json"))
 
 
 def test_server_killed_mid_run_fails_its_pages_as_rows_and_the_run_ends(server: VllmServer, tmp_path: Path) -> None:
