@@ -135,5 +135,8 @@ def completion_output(data: Mapping[str, Any], image_tokens: int, max_tokens: in
     prompt = usage_count(usage, "prompt_tokens", MAX_PROMPT_TOKENS)
     output = usage_count(usage, "completion_tokens", max_tokens)
     image = min(image_tokens, prompt)
+    # The prompt tokens the server's prefix cache held, where it says (OpenAI, vLLM with prompt-tokens details).
+    details = usage.get("prompt_tokens_details") or {}
+    cached = usage_count(details, "cached_tokens", prompt) if isinstance(details, dict) else 0
     return EngineOutput(prompt_token_ids=[], outputs=[Sample(text or "", (), finish)],
-                        token_counts=(image, prompt - image, output))
+                        token_counts=(image, prompt - image, output), num_cached_tokens=cached)

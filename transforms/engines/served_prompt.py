@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from transforms.model import budget
-from transforms.model.prompt import SYSTEM_PROMPT, control_tokens, strip_controls, user_text
+from transforms.model.prompt import SHARED_FIRST, control_tokens
+from transforms.model.prompt import chat_messages as prompt_messages
 from transforms.pages.render import decode_rgb
 from transforms.pages.sizes import low_detail_size, resize_for_detail
 
@@ -85,13 +86,11 @@ def page_image(image: bytes, width: int, height: int, detail_side: int) -> tuple
 
 
 def chat_messages(schema: Mapping[str, Any], hint: str, image_url: str,
-                  controls: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """transforms/model/prompt.py's messages in the OpenAI form: the image part as a data URL; the hint without
-    the generic control-token shapes and without `controls` (served_controls)."""
-    hint = strip_controls(hint, controls).strip() if hint else ""
-    return [{"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_url}},
-                                         {"type": "text", "text": user_text(schema, hint)}]}]
+                  controls: Sequence[str] = (), layout: str = SHARED_FIRST) -> list[dict[str, Any]]:
+    """transforms/model/prompt.py's messages (its layout too) in the OpenAI form: the image part as a data URL;
+    the hint without the generic control-token shapes and without `controls` (served_controls)."""
+    image = {"type": "image_url", "image_url": {"url": image_url}}
+    return prompt_messages(schema, hint, controls=controls, layout=layout, image=image)
 
 
 def build_request(task: PageTask, cfg: ExtractConfig) -> Request:
@@ -101,5 +100,5 @@ def build_request(task: PageTask, cfg: ExtractConfig) -> Request:
     page = task.page
     url, width, height = page_image(page.image, page.width, page.height, page.detail_side)
     image_tokens = budget.estimate_image_tokens(cfg.model_family, width, height)
-    messages = chat_messages(cfg.schema.schema, task.hint, url, served_controls(cfg.model))
+    messages = chat_messages(cfg.schema.schema, task.hint, url, served_controls(cfg.model), cfg.prompt_layout)
     return Request({"messages": messages, "image_tokens": image_tokens}, 0, width, height)

@@ -181,3 +181,25 @@ def test_cpu_engine_arguments_cap_memory_and_avoid_chunked_prefill(engine_settin
     assert cpu["structured_outputs_config"]["disable_any_whitespace"] is True
     gpu = engine_kwargs(replace(engine_settings, kv_cache_gib=None), cpu=False)
     assert "kv_cache_memory_bytes" not in gpu and gpu["gpu_memory_utilization"] == 0.9
+
+
+@pytest.mark.vllm
+def test_the_shared_prompt_comes_from_the_prefix_cache(engine, engine_settings, test_model_dir) -> None:
+    """The layout's point: with the schema before the page's image, every page after the first takes the
+    system prompt and the schema from vLLM's prefix cache; with the image first, at most the system prompt."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(test_model_dir))
+    schema_tokens = len(tok.encode(json.dumps(load_schema("invoice").schema, separators=(",", ":"), sort_keys=True)))
+    assert schema_tokens > 1000  # the compact invoice schema: 1,207 tokens with the Qwen2 tokenizer
+    pages = [replace(p, hint=f"Invoice {i} total {i}.00") for i, p in enumerate(
+        pages_of(docmaker.invoice_pdf(), "a.pdf") + pages_of(docmaker.multipage_pdf(3), "b.pdf"))]
+    found = {}
+    for layout in ("shared_first", "image_first"):
+        cfg = config(prompt_layout=layout, max_tokens=64, max_attempts=1)  # a retry would find its own prompt
+        results = extract_all(engine, tasks_for(pages, engine_settings, cfg), cfg, max_in_flight=1)
+        assert all(r.stop_reason in ("stop", "length") for r in results), [r.stop_reason for r in results]
+        found[layout] = [r.cached_prompt_tokens for r in results]
+    # One page at a time: pages 2..4 find the first one's prefix (whole KV blocks of it) in the cache.
+    assert min(found["shared_first"][1:]) >= 0.8 * schema_tokens, found
+    assert max(found["image_first"]) <= 200, found  # the system prompt (156 tokens) and the template's head
