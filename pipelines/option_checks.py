@@ -24,7 +24,7 @@ def check_options(o: Any) -> list[str]:
             problems.append(f"--{name.replace('_', '-')} {getattr(o, name)!r} is not an ISO time")
     if not 0 <= o.max_failed_fraction <= 1:
         problems.append(f"--max-failed-fraction {o.max_failed_fraction:g} is not between 0 and 1")
-    for name in ("render_range_pages", "workers"):
+    for name in ("render_range_pages", "workers", "wave_objects"):
         if getattr(o, name) < 0:
             problems.append(f"--{name.replace('_', '-')} {getattr(o, name)} is negative")
     for name in ("document_timeout_s", "page_timeout_s"):

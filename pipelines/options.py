@@ -144,9 +144,9 @@ class PagemillOptions(PipelineOptions):
         _flag(parser, "api_price", default="gpt-4o", help="hosted API whose list price the ledger compares")
         _flag(parser, "progress_every_s", type=float, default=5.0,
               help="seconds between progress lines, printed while the run works (0: none)")
-        _flag(parser, "wave_objects", type=int, default=2000,
-              help="list the inputs once under the run, then process them in waves of this many objects, one "
-                   "bounded pipeline each (0: one pipeline over the whole listing)")
+        _flag(parser, "wave_objects", type=int, default=5000,
+              help="list the inputs once under the run, then process them in waves of this many objects (the "
+                   "first a tenth of it), one bounded pipeline each (0: one pipeline over the whole listing)")
         # Writing as the run goes: what a kill can lose, per writer, against how many files a run makes.
         _flag(parser, "flush_rows", type=int, default=500, help="write a Parquet file every this many rows (0: off)")
         _flag(parser, "flush_seconds", type=float, default=10.0,

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.options import PagemillOptions, local_workers_flags
+from pipelines.options import PagemillOptions, local_workers_flags, resolve_local_workers, small_run
 
 MULTI = ["--direct_running_mode=multi_processing"]
 
 
+AUTO = [*MULTI, "--direct_num_workers=0"]  # one a core, or in process for a small listing: the run decides
+
+
 @pytest.mark.parametrize("flags,cores,expected", [
-    (["--input", "x"], 2, [*MULTI, "--direct_num_workers=2"]),
-    (["--input", "x"], 16, [*MULTI, "--direct_num_workers=16"]),
+    (["--input", "x"], 2, AUTO),
+    (["--input", "x"], 16, AUTO),
     (["--input", "x"], 1, []),  # one core: in this process
     (["--workers", "1"], 8, []),
     (["--workers=3"], 2, [*MULTI, "--direct_num_workers=3"]),
@@ -21,18 +24,32 @@ MULTI = ["--direct_running_mode=multi_processing"]
     (["--runner=PortableRunner"], 8, []),
     (["--runner", "DataflowRunner"], 8, []),
     (["--streaming"], 8, []),
-    (["--runner=DirectRunner"], 4, [*MULTI, "--direct_num_workers=4"]),
+    (["--runner=DirectRunner"], 4, AUTO),
 ])
 def test_local_workers_flags(flags: list[str], cores: int, expected: list[str]) -> None:
     assert local_workers_flags(flags, cores) == expected
 
 
-def test_the_flags_reach_beams_direct_options() -> None:
+@pytest.mark.parametrize("flags,small,expected", [
+    ([], False, ("multi_processing", 6)),  # `--workers 0`: one a usable core
+    ([], True, ("in_memory", 1)),  # a small listing starts no pool
+    (["--workers", "3"], True, ("multi_processing", 3)),  # chosen: left alone
+    (["--direct_running_mode=multi_processing", "--direct_num_workers=2"], True, ("multi_processing", 2)),
+])
+def test_the_run_resolves_auto_workers(flags: list[str], small: bool, expected: tuple[str, int]) -> None:
     from apache_beam.options.pipeline_options import DirectOptions
 
-    flags = ["--input", "x", "--output", "y"]
-    direct = PagemillOptions(flags + local_workers_flags(flags, 6)).view_as(DirectOptions)
-    assert (direct.direct_running_mode, direct.direct_num_workers) == ("multi_processing", 6)
+    flags = ["--input", "x", "--output", "y", *flags]
+    options = PagemillOptions(flags + local_workers_flags(flags, 6))
+    resolve_local_workers(options, 6, small)
+    direct = options.view_as(DirectOptions)
+    assert (direct.direct_running_mode, direct.direct_num_workers) == expected
+    assert options.get_all_options()["direct_running_mode"] == expected[0]  # what the workers are handed
+
+
+def test_small_run() -> None:
+    assert small_run(6, 100_000) and small_run(32, 2 * 2**20)
+    assert not small_run(33, 1000) and not small_run(1, 2 * 2**20 + 1)
 
 
 @pytest.mark.parametrize("flag", ["--workers", "--render-range-pages"])

@@ -47,14 +47,21 @@ def done_marker(folder: str, wave: int) -> str:
     return layout.join_uri(folder, f"wave-{wave:05d}.done")
 
 
+def first_wave(wave_objects: int) -> int:
+    """Pure: the first wave is a tenth of the others (at least 1), so that the first pages reach the disk (and
+    the model) after a tenth of a wave's intake, as in a ramp-up; the later waves are full."""
+    return max(1, wave_objects // 10)
+
+
 def wave_chunks(objects: Iterable[ListedObject], wave_objects: int) -> Iterator[list[ListedObject]]:
-    """Pure: consecutive chunks of at most `wave_objects` objects (the listing's order kept)."""
+    """Pure: consecutive chunks (the listing's order kept): `first_wave` objects, then at most `wave_objects`."""
     chunk: list[ListedObject] = []
+    size = first_wave(wave_objects)
     for obj in objects:
         chunk.append(obj)
-        if len(chunk) >= wave_objects:
+        if len(chunk) >= size:
             yield chunk
-            chunk = []
+            chunk, size = [], wave_objects
     if chunk:
         yield chunk
 

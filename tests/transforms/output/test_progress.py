@@ -1,10 +1,39 @@
-"""The progress line: done of listed, rate, and an ETA only once there is a rate."""
+"""The progress line (done of those known, this invocation's rate, an ETA once there is a rate), and the
+watcher's row counts from the part files a run has written."""
 from __future__ import annotations
 
-from transforms.output.progress import progress_line
+import io
+from pathlib import Path
+
+from schemas import tables
+from schemas.layout import partition
+from transforms.output.progress import Progress, ProgressWatcher, progress_line
+from transforms.output.write import write_rows
 
 
-def test_progress_line_has_totals_rate_and_eta() -> None:
-    assert progress_line(3, 10, 40, 120, 20.0) == "3/10 documents, 40/120 pages, 2.0 pages/s, ETA 40 s"
-    assert progress_line(10, 10, 120, 120, 60.0) == "10/10 documents, 120/120 pages, 2.0 pages/s"
-    assert "ETA" not in progress_line(0, 5, 0, 50, 1.0)  # no rate yet: no guess
+def test_progress_line_has_totals_rate_wave_and_eta() -> None:
+    line = progress_line(Progress(documents=30, listed=100, pages=40, seconds=20.0, wave=1, waves=4))
+    assert line == "wave 2/4: 30/100 documents, 40 pages, 2.0 pages/s, ETA 47 s"
+    # A resume: the rates are this invocation's, the counts the run's.
+    line = progress_line(Progress(documents=60, listed=100, pages=70, seconds=10.0, documents_before=50,
+                                  pages_before=50))
+    assert line == "60/100 documents, 70 pages, 2.0 pages/s, ETA 40 s"
+    assert "ETA" not in progress_line(Progress(documents=0, listed=5, pages=0, seconds=1.0))  # no rate: no guess
+    unlisted = Progress(documents=3, listed=None, pages=3, seconds=1.0)  # `--wave-objects 0`: not listed before
+    assert progress_line(unlisted) == "3 documents, 3 pages, 3.0 pages/s"
+
+
+def test_watcher_counts_rows_on_disk(tmp_path: Path) -> None:
+    out = io.StringIO()
+    watcher = ProgressWatcher(str(tmp_path), "t", "r", 60.0, listed=10, waves=2, out=out)
+    folder = partition(str(tmp_path), "pages", "t", "r")
+    write_rows(folder, tables.PAGES, [{"run_id": "r", "tenant": "t", "doc_sha256": "d", "page_index": i}
+                                      for i in range(3)])
+    write_rows(partition(str(tmp_path), "documents", "t", "r"), tables.DOCUMENTS,
+               [{"run_id": "r", "tenant": "t", "source_uri": "a"}])
+    write_rows(partition(str(tmp_path), "pages", "t", "other"), tables.PAGES, [{"run_id": "other", "tenant": "t"}])
+    watcher.wave = 1
+    now = watcher.now()
+    assert (now.documents, now.pages, now.listed, now.wave) == (1, 3, 10, 1)
+    watcher.report()
+    assert out.getvalue().startswith("pagemill: wave 2/2: 1/10 documents, 3 pages")

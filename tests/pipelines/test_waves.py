@@ -1,0 +1,171 @@
+"""Waves (pipelines/waves.py): a run over a durable listing, in bounded pipelines under one run id, gives the
+rows one pipeline over the whole listing gives (dedup global across waves), shows progress while it works,
+and a run killed in its third wave resumes without reading the first two waves' objects again."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from pipelines import cli, graph
+from pipelines.waves import merge_metrics, wave_files, wave_of
+from tests.pipelines.raw import one_row_per, raw_rows
+from transforms.hints.ocr import OcrResult
+from transforms.intake.dedup import kept_by_sha
+from transforms.intake.listing_file import first_wave, wave_chunks
+
+ROOT = Path(__file__).resolve().parents[2]
+RENDER_ONLY = ["--extract", "false", "--nsfw-classifier", "none", "--hints", "none", "--workers", "1"]
+
+
+def png(i: int) -> bytes:
+    """A distinct one-page PNG: its own bytes, its own page hash."""
+    image = Image.new("L", (24, 24), 255)
+    for bit in range(16):
+        image.putpixel((bit, 0), 0 if i >> bit & 1 else 255)
+    out = io.BytesIO()
+    image.save(out, "PNG")
+    return out.getvalue()
+
+
+def make_inputs(folder: Path, n: int, copies: dict[str, int] | None = None) -> list[str]:
+    folder.mkdir(parents=True)
+    for i in range(n):
+        (folder / f"p{i:04d}.png").write_bytes(png(i))
+    for name, of in (copies or {}).items():
+        (folder / name).write_bytes(png(of))
+    return sorted(str(p) for p in folder.iterdir())
+
+
+def manifest(output: Path, run_id: str) -> dict:
+    return json.loads((output / "runs" / "tenant=default" / f"{run_id}.json").read_text())
+
+
+# Pure ----------------------------------------------------------------------------------------------
+
+def test_wave_chunks_ramp_up_then_full_waves() -> None:
+    assert first_wave(10) == 1 and first_wave(5000) == 500 and first_wave(3) == 1
+    chunks = [len(c) for c in wave_chunks(range(25), 10)]  # type: ignore[arg-type]
+    assert chunks == [1, 10, 10, 4]
+
+
+def test_wave_files_split_own_and_earlier() -> None:
+    files = ["o/part-w00000-a.parquet", "o/part-w00001-b.parquet", "o/part-w00002-c.parquet", "o/part-x.parquet"]
+    assert [wave_of(f) for f in files] == [0, 1, 2, None]
+    own, earlier = wave_files(files, 1)
+    assert own == ["o/part-w00001-b.parquet", "o/part-x.parquet"]
+    assert earlier == ["o/part-w00000-a.parquet", "o/part-x.parquet"]
+
+
+def test_kept_by_sha_takes_kept_copies_only() -> None:
+    rows = [{"doc_sha256": "s1", "source_uri": "b", "outcome": "rendered"},
+            {"doc_sha256": "s1", "source_uri": "a", "outcome": "extracted"},
+            {"doc_sha256": "s2", "source_uri": "c", "outcome": "duplicate"},
+            {"doc_sha256": "s3", "source_uri": "d", "outcome": "rejected"},
+            {"doc_sha256": None, "source_uri": "e", "outcome": "rejected"},
+            {"doc_sha256": "s4", "source_uri": "f", "outcome": "quarantined"}]
+    assert kept_by_sha(rows) == {"s1": "a", "s4": "f"}
+
+
+def test_merge_metrics_adds_counters_and_combines_distributions() -> None:
+    a = {"pages_done": 3, "render_ms": {"count": 2, "sum": 10, "mean": 5.0, "max": 7}}
+    b = {"pages_done": 4, "render_ms": {"count": 2, "sum": 30, "mean": 15.0, "max": 20}, "other": 1}
+    assert merge_metrics(a, b) == {"pages_done": 7, "other": 1,
+                                   "render_ms": {"count": 4, "sum": 40, "mean": 10.0, "max": 20}}
+
+
+# Runs ----------------------------------------------------------------------------------------------
+
+def test_waves_give_the_rows_of_one_pipeline(tmp_path: Path) -> None:
+    """25 objects in waves of 1, 10, 10, 4, with copies whose kept twin lies in an earlier wave (and one in
+    the same wave): every object's outcome and duplicate_of as one pipeline gives them."""
+    copies = {"p0000-copy.png": 0, "z-copy-of-3.png": 3, "z-copy-of-12.png": 12}
+    inputs = make_inputs(tmp_path / "in", 22, copies)
+    outcomes = {}
+    for name, waves in (("waves", "10"), ("one", "0")):
+        out = tmp_path / name
+        assert cli.main(["run", "--input", str(tmp_path / "in"), "--output", str(out), "--run-id", "r",
+                         "--progress-every-s", "0", "--wave-objects", waves, *RENDER_ONLY]) == 0
+        docs = one_row_per(raw_rows(out, "documents", "r"), "source_uri")
+        assert sorted(docs) == inputs
+        outcomes[name] = {u: (d["outcome"], d["duplicate_of"], d["doc_sha256"]) for u, d in docs.items()}
+        pages = raw_rows(out, "pages", "r")
+        assert len(pages) == 22 and all(p["rendered_at"] is not None for p in pages)  # render-only pages too
+    assert outcomes["waves"] == outcomes["one"]
+    uri = {n: str(tmp_path / "in" / n) for n in ("p0000-copy.png", "p0000.png", "p0003.png", "z-copy-of-3.png")}
+    # "p0000-copy.png" sorts first: it is the first wave (of one object), its twin in the second is the duplicate.
+    assert outcomes["waves"][uri["p0000.png"]][:2] == ("duplicate", uri["p0000-copy.png"])
+    assert outcomes["waves"][uri["z-copy-of-3.png"]][:2] == ("duplicate", uri["p0003.png"])
+    m = manifest(tmp_path / "waves", "r")
+    assert m["waves"] == {"total": 4, "objects": 25, "skipped": 0, "ran": 4, "first_ran": 0}
+    assert m["stage_timings"]["objects_submitted"] == 25 and m["retried_rows"] == 0
+
+
+def test_progress_lines_while_the_run_works(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A slow OCR (0.25 s a page): progress lines come while pages remain, not at the end."""
+    def slow_ocr(image: bytes, settings: object) -> OcrResult:
+        time.sleep(0.25)
+        return OcrResult("ok", text="slow page", mean_conf=90.0)
+
+    monkeypatch.setattr(graph, "build_pipeline", partial(graph.build_pipeline, ocr=slow_ocr))
+    make_inputs(tmp_path / "in", 12)
+    assert cli.main(["run", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--run-id", "p",
+                     "--extract", "false", "--nsfw-classifier", "none", "--hints", "ocr", "--workers", "1",
+                     "--document-timeout-s", "0", "--page-timeout-s", "0", "--wave-objects", "4",
+                     "--progress-every-s", "0.2"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("pagemill: wave ")]
+    pages = [int(line.split(" documents, ")[1].split(" pages")[0]) for line in lines]
+    assert len(raw_rows(tmp_path / "out", "pages", "p")) == 12
+    assert sum(1 for n in pages if n < 12) >= 5, lines  # printed before the last page was on disk
+    assert any(0 < n < 12 for n in pages), lines  # and they moved
+    assert all("/12 documents" in line for line in lines)
+
+
+def pagemill(inputs: Path, output: Path, run_id: str, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PAGEMILL_SLOW_PAGE_S": "0.4"}
+    argv = [sys.executable, "-m", "pipelines.cli", "run", "--input", str(inputs), "--output", str(output),
+            "--run-id", run_id, "--progress-every-s", "0", "--wave-objects", "10", "--extract", "false",
+            "--hints", "none", "--nsfw-classifier", "tests.pipelines.slow_pages:factory", "--workers", "1",
+            "--document-timeout-s", "0", "--page-timeout-s", "0"]
+    return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def test_killed_in_the_third_wave_resumes_without_reading_the_first_two(tmp_path: Path) -> None:
+    """41 objects in waves of 1, 10, 10, 10, 10; kill -9 once the second wave is marked done (the third is
+    under way), then resume: waves 1-2 are skipped unread (the objects handed to intake are counted), and
+    every object has one row."""
+    inputs = make_inputs(tmp_path / "in", 41)
+    output = tmp_path / "out"
+    proc = pagemill(tmp_path / "in", output, "k", tmp_path / "first.log")
+    listing = output / "listings" / "tenant=default" / "run_id=k"
+    deadline = time.monotonic() + 300
+    while not (listing / "wave-00001.done").exists():
+        assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert not (listing / "wave-00002.done").exists() and not (output / "runs").exists()
+    done_in_third = {r["source_uri"] for r in raw_rows(output, "documents", "k")} - set(inputs[:11])
+    proc = pagemill(tmp_path / "in", output, "k", tmp_path / "second.log")
+    assert proc.wait(timeout=600) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    m = manifest(output, "k")
+    assert m["waves"] == {"total": 5, "objects": 41, "skipped": 2, "ran": 3, "first_ran": 2}
+    timings = m["stage_timings"]
+    assert timings["objects_submitted"] == 30  # waves 3-5 only: the first two are not listed again
+    read = timings.get("documents_accepted", 0) + timings.get("documents_rejected", 0)
+    assert read == 30 - len(done_in_third)
+    assert sorted(one_row_per(raw_rows(output, "documents", "k"), "source_uri")) == inputs
+    assert len(one_row_per(raw_rows(output, "pages", "k"), "doc_sha256", "page_index")) == 41
+    assert m["errors"] == [] and m["exit_code"] == 0
