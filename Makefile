@@ -34,8 +34,8 @@ bench: setup $(TEST_MODEL)/config.json
 	$(PY) benchmarks/bench_render.py
 	$(PY) benchmarks/bench_extract.py --model $(TEST_MODEL)
 
-# Mutation testing of the pure modules with their unit tests ([tool.mutmut] in pyproject.toml). Not part of CI:
-# about 1,900 mutants, 30-60 minutes on 2 shared cores. Installs the `mutate` extra (mutmut) on first use.
+# Mutation testing of the stage modules that changed most with their fast unit tests ([tool.mutmut] in
+# pyproject.toml; a score per module). Not part of CI, CPU heavy. Installs the `mutate` extra (mutmut) on first use.
 mutate: setup
 	$(PY) -c "import mutmut" 2>/dev/null || $(VENV)/bin/pip install -q -e ".[mutate]"
 	$(PY) scripts/mutate.py

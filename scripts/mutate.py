@@ -1,14 +1,14 @@
 #!/usr/bin/env python
-"""Mutation score of the pure modules (`make mutate`; not part of CI).
+"""Mutation score of the stage modules that changed most (`make mutate`; not part of CI).
 
-Runs mutmut (configured under [tool.mutmut] in pyproject.toml: transforms/intake, dedup, outcome, cache,
-budget, pages and prompt, against their unit tests in tests/transforms/ only), then prints, per module, how
-many mutants the tests killed. A mutant that makes the tests time out counts as killed; one that no test
-reaches ("no tests") counts as surviving.
+Runs mutmut (configured under [tool.mutmut] in pyproject.toml: transforms/engines/feed, engines/machine,
+output/cache, pages/timed, safety/gate and model/prompt, against their fast unit tests only), then prints,
+per module, how many mutants the tests killed. A mutant that makes the tests time out counts as killed; one
+that no test reaches ("no tests") counts as surviving.
 
-    python scripts/mutate.py                       # everything (about 1,900 mutants; 30-60 min on 2 cores)
-    python scripts/mutate.py "transforms.model.prompt*"  # one module
-    python scripts/mutate.py --summary-only        # the table from the last run
+    python scripts/mutate.py                               # every module (CPU heavy: nice it)
+    python scripts/mutate.py "transforms.model.prompt*"    # one module
+    python scripts/mutate.py --summary-only                # the table from the last run
 """
 from __future__ import annotations
 
@@ -62,10 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mutants", nargs="*", help="mutant name globs, e.g. 'transforms.model.prompt*' (default: all)")
     ap.add_argument("--summary-only", action="store_true", help="print the table of the last run")
-    ap.add_argument("--markdown", action="store_true", help="the table as Markdown (for the README)")
+    ap.add_argument("--markdown", action="store_true", help="the table as Markdown (for docs/development.md)")
+    ap.add_argument("--max-children", type=int, default=0, help="mutmut's parallel test processes (0: its default)")
     args = ap.parse_args(argv)
     if not args.summary_only:
-        run = subprocess.run([sys.executable, "-m", "mutmut", "run", *args.mutants], cwd=REPO, check=False)
+        children = ["--max-children", str(args.max_children)] if args.max_children > 0 else []
+        run = subprocess.run([sys.executable, "-m", "mutmut", "run", *children, *args.mutants], cwd=REPO, check=False)
         if run.returncode != 0:
             return run.returncode
     results = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=REPO,

@@ -81,6 +81,7 @@ def test_a_range_gets_its_share_of_the_time_limit_and_fails_only_its_pages(monke
     assert "pages 5-8 of 8 had 2 s" in rows[1].message
 
 
+@pytest.mark.slow  # two pipeline runs a case
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_a_split_run_writes_what_a_whole_run_writes(tmp_path: Path, workers: str) -> None:
     inputs = tmp_path / "in"
@@ -97,7 +98,7 @@ def test_a_split_run_writes_what_a_whole_run_writes(tmp_path: Path, workers: str
         pages = sorted((p["source_uri"], p["page_index"], p["status"], p["page_hash"])
                        for p in raw_rows(output, "pages"))
         results[name] = docs, pages
-        manifest = json.loads((output / "runs" / f"{name}.json").read_text())
+        manifest = json.loads((output / "runs" / "tenant=default" / f"{name}.json").read_text())
         assert manifest["exit_code"] == 0
     docs, pages = results["split"]
     assert [d[1:] for d in docs] == [("rendered", 9), ("rendered", 2)]  # one row a document
