@@ -67,7 +67,8 @@ class StubEngine:
             future.set_exception(err)
             return future
         text = json.dumps({"prompt": request["prompt"], "sampling": params, "size": img.size, "mode": img.mode,
-                           "sha256": hashlib.sha256(img.tobytes()).hexdigest(), "keys": sorted(request)})
+                           "sha256": hashlib.sha256(img.tobytes()).hexdigest(), "keys": sorted(request),
+                           "env": sorted(os.environ), "safe_path": sys.flags.safe_path})
         output = EngineOutput([1, 1, 2], [Sample(text, (5, 6), "stop")], num_cached_tokens=2)
         future.set_result(Completion(output, 0.25))
         return future
@@ -202,7 +203,10 @@ def test_a_page_crosses_the_socket_as_its_encoded_bytes(folder: Path, monkeypatc
     engine.close()
 
 
-def test_answers_errors_restart_and_abort_cross_the_socket(folder: Path) -> None:
+def test_answers_errors_restart_and_abort_cross_the_socket(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "worker-only")
+    monkeypatch.setenv("PIPELINE_OPTIONS", '{"s3_secret_access_key": "worker-only"}')
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     engine = StubRemoteEngine(settings(folder))
     img = Image.new("RGB", (8, 8))
     with pytest.raises(ValueError, match="rejected by the stub"):
@@ -210,6 +214,11 @@ def test_answers_errors_restart_and_abort_cross_the_socket(folder: Path) -> None
     with pytest.raises(RuntimeError, match="stub died"):
         engine.submit({"prompt": "die", "multi_modal_data": {"image": img}}, FIELDS).result(timeout=60)
     done = engine.submit({"prompt": "ok", "multi_modal_data": {"image": img}}, FIELDS).result(timeout=60)
+    service = json.loads(done.output.outputs[0].text)
+    assert service["safe_path"]  # started with -P: the current folder is not on its sys.path
+    # The service's environment is minimal: the engine's variables, not the worker's credentials.
+    assert "VLLM_CPU_KVCACHE_SPACE" in service["env"] and "PYTHONPATH" in service["env"]
+    assert "AWS_SECRET_ACCESS_KEY" not in service["env"] and "PIPELINE_OPTIONS" not in service["env"]
     assert (done.gpu_seconds, done.output.num_cached_tokens, done.output.prompt_token_ids) == (0.25, 2, [1, 1, 2])
     assert done.output.outputs[0].token_ids == (5, 6) and done.output.outputs[0].finish_reason == "stop"
     assert engine.starts == 1
@@ -402,3 +411,8 @@ def test_a_planted_folder_receives_no_prompt_and_no_page(monkeypatch: pytest.Mon
         monkeypatch.undo()
         shutil.rmtree(base, ignore_errors=True)
     assert connected == []  # nobody ever connected to the planted server
+
+
+def test_the_real_service_starts_as_a_module_with_a_safe_path(folder: Path) -> None:
+    assert RemoteEngine(settings(folder)).service_argv() == [sys.executable, "-P", "-m", "transforms.engines.machine",
+                                                             str(folder)]
