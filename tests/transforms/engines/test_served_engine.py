@@ -210,10 +210,10 @@ def test_unreachable_endpoint_fails_every_page_at_once_after_the_first() -> None
     url = f"http://127.0.0.1:{port}/v1"
     # One request at a time: the first page runs out of its 3 tries and marks the endpoint down.
     first, *later = run_pages(url, n=6, max_retries=2, concurrency=1)
-    assert (first.reason_code, first.message) == ("server_error", "connection failed after 3 tries: ConnectError: "
-                                                                  "All connection attempts failed"), first.message
+    head = "connection failed after 3 tries: ConnectError: "  # then the socket layer's words for it
+    assert first.reason_code == "server_error" and first.message.startswith(head), first.message
     # Every later page fails at once with that cause, without a try of its own.
-    cause = "ConnectError: All connection attempts failed"
+    cause = first.message.removeprefix("connection failed after 3 tries: ")
     assert [(r.reason_code, r.message) for r in later] == [("server_error", f"endpoint {url} is down: {cause}")] * 5
 
 
