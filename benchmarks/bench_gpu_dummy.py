@@ -7,15 +7,21 @@ test model's (pipelines/tiny_models/: real Qwen2-VL processor settings, so a pag
 of image tokens). Every page decodes exactly --output-tokens tokens (ignore_eos; random weights never
 write sensible JSON, so constrained decoding is off: the figure is the GPU's, not the schema's).
 
-Pages (rendered invoices and report pages at --max-side px) stream through the pipeline's own engine
-service (transforms.engines.local.Engine: one request per page, 2 x max_num_seqs in flight). It prints pages/s
-per GPU and $ per 1M pages at --gpu-hourly-usd. Without a GPU it prints why and exits 0.
+Pages (rendered report pages at --max-side px, each with its own text layer as the hint) stream through the
+pipeline's own engine service (transforms.engines.local.Engine: one request per page, 2 x max_num_seqs in
+flight), once per prompt layout (--layouts: image_first, prompt version 3's order, then shared_first, the
+default: system prompt and schema before the image). For each it prints the prefill tokens a page costs:
+first as computed with the tokenizer (prompt tokens minus the shared prefix, in whole KV blocks, that vLLM's
+prefix cache holds for every page after the first; this part runs on a CPU too), then as measured on the GPU
+(the engine's own `num_cached_tokens`), with pages/s per GPU and $ per 1M pages at --gpu-hourly-usd. Without a
+GPU it prints the token figures and why the GPU part was skipped, and exits 0.
 
     .venv/bin/python benchmarks/bench_gpu_dummy.py [--pages 512] [--output-tokens 256] [--json]
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import tempfile
@@ -84,8 +90,34 @@ def pages(n: int, max_side: int) -> list[Any]:
     settings = RenderSettings(dpi=150, max_side=max_side, jpeg_quality=90, max_text_chars=20_000,
                               max_page_points=14_400.0, max_image_pixels=89_478_485, max_bytes=2**26)
     data = docmaker.multipage_pdf(n, title="GPU benchmark")
-    doc = DocumentRecord(uri="bench.pdf", size=len(data), doc_sha256="b" * 64, format="pdf", page_count=n)
+    # The document's real sha256: rendering checks that the bytes are the ones intake hashed.
+    doc = DocumentRecord(uri="bench.pdf", size=len(data), doc_sha256=hashlib.sha256(data).hexdigest(), format="pdf",
+                         page_count=n)
     return [p for p in render_document(doc, data, settings) if isinstance(p, PageImage)]
+
+
+def prefill_figures(tok: Any, todo: Sequence[Any], layout: str, block: int) -> dict[str, Any]:
+    """Prompt and prefill tokens a page, computed with the tokenizer (CPU): the prefix before the image is the
+    same for every page, so the prefix cache holds it, in whole blocks of `block` tokens, after the first."""
+    import statistics
+
+    from schemas.extraction import load_schema
+    from transforms.model import budget
+    from transforms.model.prompt import chat_messages, clean_hint
+
+    schema, image_id = load_schema("invoice").schema, tok.convert_tokens_to_ids("<|image_pad|>")
+    prompts, shared = [], []
+    for page in todo:
+        text = tok.apply_chat_template(chat_messages(schema, clean_hint(page.text_layer, 4000), tok, layout=layout),
+                                       tokenize=False, add_generation_prompt=True)
+        ids = tok.encode(text, add_special_tokens=False)
+        image = budget.estimate_image_tokens("qwen2_vl", page.width, page.height)
+        prompts.append(len(ids) - 1 + image)  # the one placeholder becomes the image's tokens
+        shared.append(ids.index(image_id))  # tokens before the image: the same on every page
+    cached = min(shared) // block * block
+    prefill = [prompts[0]] + [p - cached for p in prompts[1:]]
+    return {"layout": layout, "prompt_tokens_per_page": statistics.median(prompts), "shared_prefix_tokens": min(shared),
+            "cached_tokens_per_page": cached, "prefill_tokens_per_page": statistics.median(prefill)}
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
@@ -96,22 +128,51 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-model-len", type=int, default=8192)
     p.add_argument("--gpu-hourly-usd", type=float, default=2.5)
+    p.add_argument("--layouts", default="image_first,shared_first", help="prompt layouts to run, in order")
+    p.add_argument("--block-size", type=int, default=16, help="KV block size (vLLM's GPU default) for the CPU figure")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    from pipelines.tiny_models import make_test_model
+
+    layouts = args.layouts.split(",")
+    todo = pages(args.pages, args.max_side)
+    with tempfile.TemporaryDirectory() as tmp:
+        tok = AutoTokenizer.from_pretrained(str(make_test_model(Path(tmp) / "tokenizer")))
+    computed = {layout: prefill_figures(tok, todo, layout, args.block_size) for layout in layouts}
+    for f in computed.values():
+        print(f"prefill tokens a page, computed ({f['layout']}): {f['prompt_tokens_per_page']:,.0f} prompt tokens, "
+              f"{f['shared_prefix_tokens']:,} shared before the image, {f['cached_tokens_per_page']:,} of them "
+              f"cached (blocks of {args.block_size}): {f['prefill_tokens_per_page']:,.0f} prefilled")
     why = gpu_present()
     if why:
-        print(f"bench_gpu_dummy: skipped: {why}. Run it on a GPU machine with the main vllm wheel.")
+        print(f"bench_gpu_dummy: GPU part skipped: {why}. Run it on a GPU machine with the main vllm wheel.")
+        if args.json:
+            print(json.dumps({"bench": "gpu_dummy", "computed": computed, "skipped": why}))
         return None
+    figures = {"bench": "gpu_dummy", "computed": computed,
+               "measured": {layout: run_layout(args, todo, layout) for layout in layouts}}
+    if args.json:
+        print(json.dumps(figures))
+    return figures
+
+
+def run_layout(args: argparse.Namespace, todo: Sequence[Any], layout: str) -> dict[str, Any]:
+    """The GPU part for one prompt layout: every page through a fresh 7B-shaped engine."""
     import io
+    import statistics
 
     from PIL import Image
     from vllm import SamplingParams
 
     from schemas.extraction import load_schema
-    from transforms.engines.local import Engine, EngineSettings
-    from transforms.model.prompt import chat_messages
+    from transforms.engines.local import Completion, Engine, EngineSettings
+    from transforms.model.prompt import chat_messages, clean_hint
 
     class DummyEngine(Engine):
+        guarded = False  # random weights loop, and every page must decode exactly --output-tokens tokens
+
         def llm_kwargs(self, cpu: bool) -> dict[str, Any]:
             kwargs = {**super().llm_kwargs(cpu), "load_format": "dummy"}
             kwargs.pop("structured_outputs_config", None)  # no constrained decoding: see the docstring
@@ -127,37 +188,39 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         t0 = time.perf_counter()
         tok = engine.tokenizer()
         start_s = time.perf_counter() - t0
-        prompt = tok.apply_chat_template(chat_messages(load_schema("invoice").schema, ""), tokenize=False,
-                                         add_generation_prompt=True)
+        schema = load_schema("invoice").schema
         params = SamplingParams(temperature=0.0, max_tokens=args.output_tokens, min_tokens=args.output_tokens,
                                 ignore_eos=True)
-        todo = pages(args.pages, args.max_side)
         window = 2 * args.max_num_seqs
         in_flight: set[Future[Any]] = set()
+        done: list[Future[Completion]] = []
         t0 = time.perf_counter()
         for page in todo:
             if len(in_flight) >= window:
                 _, in_flight = wait(in_flight, return_when="FIRST_COMPLETED")
+            prompt = tok.apply_chat_template(chat_messages(schema, clean_hint(page.text_layer, 4000), tok,
+                                                           layout=layout), tokenize=False, add_generation_prompt=True)
             img = Image.open(io.BytesIO(page.image)).convert("RGB")
-            in_flight.add(engine.submit({"prompt": prompt, "multi_modal_data": {"image": img}}, params))
+            done.append(engine.submit({"prompt": prompt, "multi_modal_data": {"image": img}}, params))
+            in_flight.add(done[-1])
         wait(in_flight)
         wall = time.perf_counter() - t0
         engine.shutdown()
-    from transforms.model import budget
-
-    image_tokens = budget.estimate_image_tokens("qwen2_vl", todo[0].width, todo[0].height)
+    outputs = [f.result().output for f in done]
+    prompt_tokens = statistics.median(len(o.prompt_token_ids) for o in outputs)
+    cached = statistics.median(o.num_cached_tokens or 0 for o in outputs)
     rate = len(todo) / wall
-    figures = {"bench": "gpu_dummy", "model": "Qwen2.5-VL-7B shape, dummy weights", "pages": len(todo),
-               "output_tokens": args.output_tokens, "image_tokens_per_page": image_tokens,
+    figures = {"layout": layout, "model": "Qwen2.5-VL-7B shape, dummy weights", "pages": len(todo),
+               "output_tokens": args.output_tokens, "prompt_tokens_per_page": prompt_tokens,
+               "cached_tokens_per_page": cached, "prefill_tokens_per_page": prompt_tokens - cached,
                "max_num_seqs": args.max_num_seqs, "engine_start_s": round(start_s, 1), "wall_s": round(wall, 2),
                "pages_per_s_per_gpu": round(rate, 3),
                "usd_per_1m_pages": round(1e6 / rate / 3600 * args.gpu_hourly_usd, 2),
                "gpu_hourly_usd": args.gpu_hourly_usd}
-    print(f"pagemill GPU benchmark (7B-shaped Qwen2.5-VL, random weights): {rate:.2f} pages/s/GPU, "
-          f"${figures['usd_per_1m_pages']:,.2f} per 1M pages at ${args.gpu_hourly_usd}/h "
-          f"({len(todo)} pages, {image_tokens} image + prompt text tokens in, {args.output_tokens} out each)")
-    if args.json:
-        print(json.dumps(figures))
+    print(f"pagemill GPU benchmark (7B-shaped Qwen2.5-VL, random weights, {layout}): {rate:.2f} pages/s/GPU, "
+          f"${figures['usd_per_1m_pages']:,.2f} per 1M pages at ${args.gpu_hourly_usd}/h ({len(todo)} pages, "
+          f"{prompt_tokens:,.0f} prompt tokens a page of which {cached:,.0f} from the prefix cache: "
+          f"{prompt_tokens - cached:,.0f} prefilled; {args.output_tokens} out each)")
     return figures
 
 

@@ -249,10 +249,12 @@ def output_figure(o: PagemillOptions, storage: StorageConfig, key: CacheKeyParts
 
 
 def hosted_prices(to_model: Sequence[PagePlan], tokens: dict[str, int], prices: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each hosted API's list price for the pages, page by page as the ledger prices one (budget.hosted_cost)."""
     hosted = []
+    out = tokens["output"] / len(to_model) if to_model else 0.0
     for name, p in prices["providers"].items():
-        image = sum(budget.estimate_image_tokens(p["image_family"], x.sent_width, x.sent_height) for x in to_model)
-        usd = budget.api_cost_usd(name, image + tokens["text"], tokens["output"], prices)
+        image = sum(budget.hosted_image_tokens(name, x.sent_width, x.sent_height, prices) for x in to_model)
+        usd = sum(budget.hosted_cost(name, x.sent_width, x.sent_height, x.text_tokens, out, prices) for x in to_model)
         hosted.append({"provider": name, "image_family": p["image_family"], "image_tokens": image,
                        "input_tokens": image + tokens["text"], "output_tokens": tokens["output"], "usd": usd,
                        "usd_per_1k_pages": 1000 * usd / len(to_model) if to_model else 0.0})

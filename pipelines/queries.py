@@ -196,9 +196,28 @@ WHERE $run_id IS NULL OR u.run_id = $run_id
 GROUP BY u.tenant, u.run_id, u.view, u."column"
 ORDER BY u.tenant, u.run_id, pages DESC, u.view, 4""")
 
+ANSWER_ENDS = NamedQuery("answer-ends", "Why the model's answers ended (stop, length, repetition, deadline) per run: "
+                         "pages, output tokens, GPU-seconds and dollars of each and their share of the run's model "
+                         "cost, and the prompt tokens the engine's prefix cache held.", f"""
+SELECT l.tenant, l.run_id, coalesce(l.stop_reason, 'unknown') AS stop_reason,
+       count(*) AS pages,
+       sum(l.output_tokens) AS output_tokens,
+       round(sum(l.gpu_seconds), 3) AS gpu_seconds,
+       round(sum(l.cost_usd), 6) AS cost_usd,
+       round(sum(l.cost_usd) / nullif(sum(sum(l.cost_usd)) OVER (PARTITION BY l.tenant, l.run_id), 0), 4)
+           AS cost_share,
+       sum(l.image_tokens + l.text_tokens) AS prompt_tokens,
+       sum(coalesce(l.cached_prompt_tokens, 0)) AS cached_prompt_tokens,
+       round(sum(coalesce(l.cached_prompt_tokens, 0)) / nullif(sum(l.image_tokens + l.text_tokens), 0), 4)
+           AS cached_share
+FROM ledger l
+WHERE {MODEL_L} AND ($run_id IS NULL OR l.run_id = $run_id)
+GROUP BY l.tenant, l.run_id, 3
+ORDER BY l.tenant, l.run_id, cost_usd DESC, stop_reason""")
+
 QUERIES: Mapping[str, NamedQuery] = MappingProxyType(
     {q.name: q for q in (COST_BY_RUN, REJECT_REASONS, CACHE_SAVINGS, TOKENS_BY_SCHEMA, SLOWEST_DOCUMENTS,
-                         SPEND_BY_VENDOR, UNFIT_VALUES)})
+                         SPEND_BY_VENDOR, UNFIT_VALUES, ANSWER_ENDS)})
 
 
 def get(name: str) -> NamedQuery:

@@ -177,7 +177,7 @@ def collect(output: str, storage: StorageConfig | None = None, run_id: str | Non
     finally:
         con.close()
     named = {name: _named(output, storage, name, run_id, tenant)
-             for name in ("cost-by-run", "cache-savings", "reject-reasons")}
+             for name in ("cost-by-run", "cache-savings", "reject-reasons", "answer-ends")}
     accuracy = accuracy_section(output, tenant, run_id, routes)
     return {"run_id": run_id, "tenant": tenant, "output": output,
             "generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -186,7 +186,16 @@ def collect(output: str, storage: StorageConfig | None = None, run_id: str | Non
             "reasons": [{"label": f"{r['level']}: {r['reason_code']}", "value": r["n"], "note": r["example"]}
                         for r in named["reject-reasons"]],
             "cost": named["cost-by-run"][0] if named["cost-by-run"] else {}, "savings": named["cache-savings"],
-            "accuracy": accuracy}
+            "answer_ends": answer_ends(named["answer-ends"]), "accuracy": accuracy}
+
+
+def answer_ends(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The `answer-ends` query's rows as bars: what the model pages that ended each way cost."""
+    return [{"label": str(r["stop_reason"]), "value": r["pages"], "cost_usd": r["cost_usd"] or 0.0,
+             "cached_prompt_tokens": r["cached_prompt_tokens"] or 0, "prompt_tokens": r["prompt_tokens"] or 0,
+             "note": f"${r['cost_usd'] or 0:,.6f}, {r['output_tokens'] or 0:,} output tokens, "
+                     f"{100 * (r['cost_share'] or 0):.0f}% of the model cost; {r['cached_prompt_tokens'] or 0:,} "
+                     f"of {r['prompt_tokens'] or 0:,} prompt tokens from the prefix cache"} for r in rows]
 
 
 ROUTE_OF_STATUS = {OK: "model", INVALID: "model", CACHED: "cache", DUPLICATE: "duplicate"}
@@ -242,6 +251,12 @@ def summary_rows(data: dict[str, Any]) -> list[tuple[str, str]]:
                  ("cost", f"${c['cost_usd']:,.6f} self-hosted (${c['usd_per_1k_pages']:,.4f} per 1,000 pages); "
                           f"${c['api_equivalent_usd']:,.6f} at the hosted API's list price")]
     rows.append(("saved by dedup and cache", f"${saved:,.6f} self-hosted, ${saved_api:,.6f} at API prices"))
+    if data["answer_ends"]:
+        ends = data["answer_ends"]
+        cached, prompt = sum(e["cached_prompt_tokens"] for e in ends), sum(e["prompt_tokens"] for e in ends)
+        rows.append(("answers ended", ", ".join(f"{e['value']:,} {e['label']} (${e['cost_usd']:,.6f})" for e in ends) +
+                     f"; prompt tokens from the prefix cache: {cached:,} of {prompt:,} "
+                     f"({100 * cached / prompt if prompt else 0:.0f}%)"))
     if t["pages_per_s"]:
         rows.append(("throughput", f"{t['pages_per_s']:.2f} pages/s over {t['wall_seconds']:.1f} s of wall time"))
     return rows

@@ -20,7 +20,7 @@ from tests.pipelines import cost_runs
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
 needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")
-CHARTS = ("funnel", "cost", "histogram", "reasons", "speed")
+CHARTS = ("funnel", "cost", "histogram", "reasons", "answer-ends", "speed")
 
 
 def raw(output: Path, table: str, run_id: str) -> list[dict[str, Any]]:
@@ -102,9 +102,10 @@ def test_render_only_run(tmp_path_factory: pytest.TempPathFactory, tmp_path: Pat
     assert_self_contained(text)
     if CHROMIUM:
         dom = dump_dom(tmp_path / "r1.html", tmp_path)
-        assert 'data-drawn="5"' in dom and f'data-charts="{" ".join(CHARTS)}"' in dom
+        assert 'data-drawn="6"' in dom and f'data-charts="{" ".join(CHARTS)}"' in dom
         drawn = marks(dom)
         assert drawn["funnel"] == 6 and drawn["histogram"] == 0 and drawn["reasons"] == len(data["reasons"]) == 4
+        assert drawn["answer-ends"] == 0 and data["answer_ends"] == []  # no model page, no answer
 
 
 @needs_chromium
@@ -115,7 +116,7 @@ def test_a_hostile_string_stays_text(tmp_path_factory: pytest.TempPathFactory, t
     page = tmp_path / "hostile.html"
     page.write_text(report.render_html(data), encoding="utf-8")
     dom = dump_dom(page, tmp_path)
-    assert "data-pwned" not in dom.split("<body", 1)[1].split(">", 1)[0] and 'data-drawn="5"' in dom
+    assert "data-pwned" not in dom.split("<body", 1)[1].split(">", 1)[0] and 'data-drawn="6"' in dom
     assert "<img" not in dom.replace("&lt;img", "")  # the file name of cost_runs.HTML_NAME, too, is only text
 
 
@@ -135,20 +136,31 @@ def test_extract_run(tmp_path_factory: pytest.TempPathFactory, test_model_dir: P
     routes = {r["route"]: r for r in data["routes"]}
     assert routes["model"]["usd_per_1k"] == pytest.approx(1000 * sum(r["cost_usd"] for r in model) / len(model))
     assert routes["duplicate"]["usd_per_1k"] == 0
-    manifest = json.loads((output / "runs" / "t1.json").read_text())
+    manifest = json.loads((output / "runs" / "tenant=default" / "t1.json").read_text())
     assert data["throughput"]["run"]["pages_per_s"] == pytest.approx(len(ledger) / manifest["wall_seconds"])
     assert [r["run_id"] for r in data["throughput"]["runs"]] == ["t1", "t2"]
     assert report.collect(str(output))["run_id"] == "t2"  # the latest by default
     assert data["savings"] and data["savings"][0]["saved_usd"] > 0
+    # Why each model answer ended: every model page has a stop reason, and the report adds them up by reason.
+    assert all(r["stop_reason"] in ("stop", "length", "repetition", "deadline") for r in model)
+    ends = Counter(r["stop_reason"] for r in model)
+    assert {e["label"]: e["value"] for e in data["answer_ends"]} == ends
+    for e in data["answer_ends"]:
+        mine = [r for r in model if r["stop_reason"] == e["label"]]
+        assert e["cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in mine), abs=1e-6)
+        assert e["cached_prompt_tokens"] == sum(r["cached_prompt_tokens"] for r in mine)
+        assert e["prompt_tokens"] == sum(r["image_tokens"] + r["text_tokens"] for r in mine)
+    # The run's pages share their system prompt and schema: the prefix cache held part of most prompts.
+    assert sum(r["cached_prompt_tokens"] > 0 for r in model) >= len(model) - 1
 
     text = write_report(output, tmp_path / "t1.html", "--run-id", "t1")
     assert_self_contained(text)
     if CHROMIUM:
         dom = dump_dom(tmp_path / "t1.html", tmp_path)
-        assert 'data-drawn="5"' in dom
+        assert 'data-drawn="6"' in dom
         drawn = marks(dom)
         assert drawn == {"funnel": 6, "cost": 2 * len(data["routes"]), "histogram": len(bins),
-                         "reasons": len(data["reasons"]), "speed": 3, "runs": 2}
+                         "reasons": len(data["reasons"]), "answer-ends": len(ends), "speed": 3, "runs": 2}
 
 
 def test_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

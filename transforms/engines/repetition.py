@@ -69,10 +69,11 @@ class RepetitionGuard:
 class StreamedAnswer:
     """One request in an engine's step loop, its answer assembled from vLLM's DELTA outputs and guarded."""
 
-    __slots__ = ("future", "gpu_seconds", "guard", "text")
+    __slots__ = ("future", "gpu_seconds", "guard", "guarded", "text")
 
-    def __init__(self, future: Future[Any]) -> None:
+    def __init__(self, future: Future[Any], guarded: bool = True) -> None:
         self.future = future
+        self.guarded = guarded
         self.gpu_seconds = 0.0
         self.guard = RepetitionGuard()
         self.text: list[str] = []
@@ -81,7 +82,7 @@ class StreamedAnswer:
         """Take one DELTA RequestOutput; True when the answer is looping (stop it)."""
         completion = output.outputs[0]
         self.text.append(completion.text)
-        return self.guard.feed(completion.token_ids)
+        return self.guard.feed(completion.token_ids) and self.guarded
 
     def sample(self, finish_reason: str | None) -> tuple[str, tuple[int, ...], str | None]:
         """(text, token ids, finish reason) of the whole answer so far."""

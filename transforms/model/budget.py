@@ -289,18 +289,36 @@ def load_prices(path: Path | str | None = None) -> dict[str, Any]:
     return prices
 
 
-def api_cost_usd(provider: str, input_tokens: int, output_tokens: int, prices: Mapping[str, Any]) -> float:
+def api_cost_usd(provider: str, input_tokens: float, output_tokens: float, prices: Mapping[str, Any]) -> float:
     """List-price cost in USD of one call (or a sum of calls) to a hosted API, from `load_prices()`."""
     if input_tokens < 0 or output_tokens < 0:
         raise ValueError("token counts must be >= 0")
-    providers = prices["providers"]
-    try:
-        p = providers[provider]
-    except KeyError:
-        raise ValueError(f"unknown provider {provider!r}; known: {', '.join(providers)}") from None
+    p = _provider(provider, prices)
     usd_in = input_tokens * float(p["input_usd_per_mtok"])
     usd_out = output_tokens * float(p["output_usd_per_mtok"])
     return (usd_in + usd_out) / 1e6
+
+
+def hosted_image_tokens(provider: str, width: int, height: int, prices: Mapping[str, Any]) -> int:
+    """A page image's tokens at a hosted API: the provider's own rule (its `image_family` in prices.json)."""
+    return estimate_image_tokens(_provider(provider, prices)["image_family"], width, height)
+
+
+def hosted_cost(provider: str, width: int, height: int, text_tokens: float, output_tokens: float,
+                prices: Mapping[str, Any]) -> float:
+    """List price in USD of one page at a hosted API: the image as sent (`width` x `height`) under the provider's
+    image rule, plus the prompt's text and the output tokens. The one home of that rule: the ledger's
+    api_equivalent_usd (transforms/model/extract.py) and `pagemill estimate`'s hosted prices both call it."""
+    image = hosted_image_tokens(provider, width, height, prices)
+    return api_cost_usd(provider, image + text_tokens, output_tokens, prices)
+
+
+def _provider(provider: str, prices: Mapping[str, Any]) -> Mapping[str, Any]:
+    providers = prices["providers"]
+    try:
+        return providers[provider]
+    except KeyError:
+        raise ValueError(f"unknown provider {provider!r}; known: {', '.join(providers)}") from None
 
 
 def _check_size(width: int, height: int) -> None:

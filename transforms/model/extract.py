@@ -95,10 +95,10 @@ def to_rows(result: Any, engine: EngineSettings, cfg: ExtractConfig) -> Iterator
     that shared its key gets `copy_row`."""
     task, r = (result.example, result.inference) if hasattr(result, "inference") else result
     page = task.page
-    gpt_tokens = budget.estimate_image_tokens("gpt-4o", r.sent_width or page.width, r.sent_height or page.height)
-    # A page the model never saw would cost nothing at a hosted API either.
-    api_usd = budget.api_cost_usd(cfg.api_price, gpt_tokens + r.text_tokens, r.output_tokens, cfg.prices) \
-        if r.attempts else 0.0
+    # A page the model never saw would cost nothing at a hosted API either; one the model saw costs its image
+    # under --api-price's own image rule (budget.hosted_cost, as `pagemill estimate` prices it).
+    api_usd = budget.hosted_cost(cfg.api_price, r.sent_width or page.width, r.sent_height or page.height,
+                                 r.text_tokens, r.output_tokens, cfg.prices) if r.attempts else 0.0
     out = result_flags(r, cfg)
     saved = 0
     if page.detail_side and r.image_tokens:  # sent at low detail: what full detail would have cost more
