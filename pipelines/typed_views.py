@@ -105,8 +105,8 @@ def _typed_view(schema_id: str, hashes: set[str], versions: Mapping[str, Mapping
     names = {k.lower() for k in (*KEYS, UNFIT_COLUMNS, UNFIT_VALUES)}
     columns = []
     for prop, t in merged.items():
-        if any(ord(c) < 0x20 for c in prop):
-            notes.append(f"property {prop!r} has control characters in its name: not a column")
+        if not sql_types.usable_name(prop):
+            notes.append(f"property {prop!r}: a name that is empty or has control characters is not a column")
             continue
         columns.append(Column(sql_types.identifier(prop, names), prop, t))
     return View(sql_types.identifier(schema_id, taken), schema_id, tuple(columns), tuple(sorted(used)),

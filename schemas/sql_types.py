@@ -50,6 +50,11 @@ class SqlType:
         return ((self.note,) if self.note else ()) + tuple(n for c in children for n in c.notes())
 
 
+def usable_name(name: str) -> bool:
+    """Whether a property name can be a STRUCT field or column (DuckDB refuses an empty key in a structure)."""
+    return bool(name) and not any(ord(c) < 0x20 for c in name)
+
+
 def as_json(path: str, why: str, nullable: bool = True) -> SqlType:
     return SqlType(JSON, nullable=nullable, note=f"{path}: {why}, kept as JSON")
 
@@ -68,7 +73,8 @@ def properties(schema: Any) -> dict[str, SqlType] | None:
 def _fields(node: Mapping[str, Any], props: Mapping[str, Any], root: Mapping[str, Any], path: str,
             refs: frozenset[str], depth: int) -> dict[str, SqlType]:
     """The type of each property; one that `required` does not list may be absent, so it is nullable too."""
-    required = set(node.get("required") or ()) if isinstance(node.get("required"), list) else set()
+    given = node.get("required")
+    required = {r for r in given if isinstance(r, str)} if isinstance(given, list) else set()
     types = {n: sql_type(c, root, f"{path}.{n}" if path else n, refs, depth + 1) for n, c in props.items()}
     return {n: t if n in required or t.nullable else replace(t, nullable=True) for n, t in types.items()}
 
@@ -109,6 +115,8 @@ def sql_type(node: Any, root: Mapping[str, Any], path: str, refs: frozenset[str]
             return as_json(path, "an object without properties (free-form)", nullable)
         if len({n.lower() for n in props}) < len(props):  # a STRUCT's field names ignore case
             return as_json(path, "property names that differ only in case", nullable)
+        if not all(usable_name(n) for n in props):
+            return as_json(path, "a property name that is empty or has control characters", nullable)
         return SqlType(fields=tuple(_fields(node, props, root, path, refs, depth).items()), nullable=nullable)
     if kind == "string":
         return SqlType(_string(node), nullable=nullable)

@@ -132,7 +132,7 @@ def test_a_user_schema_from_the_manifest_with_awkward_names(tmp_path: Path,
               "properties": {"Total": {"type": "number"}, "total": {"type": "integer"},
                              'x"; DROP VIEW pages; --': {"type": "string"},
                              "choice": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
-                             "meta": {"type": "object"}}}
+                             "meta": {"type": "object"}, "": {"type": "string"}}}
     path = tmp_path / "schemas" / "my-schema v2'; --.json"
     path.parent.mkdir()
     path.write_text(json.dumps(schema))
@@ -141,7 +141,8 @@ def test_a_user_schema_from_the_manifest_with_awkward_names(tmp_path: Path,
     planted.write_pages(out, [page(1, value, schema_id=path.stem, schema=schema)])
     planted.write_manifest(out, "r1", str(path))
     views = sql(capsys, out, "SELECT view, schema_id, note FROM typed_views WHERE unnests IS NULL ORDER BY view")
-    assert {"view": "my_schema_v2_____", "schema_id": "my-schema v2'; --", "note": None} in views
+    assert {"view": "my_schema_v2_____", "schema_id": "my-schema v2'; --",
+            "note": "property '': a name that is empty or has control characters is not a column"} in views
     columns = sql(capsys, out, 'SELECT "column", type, property, note FROM typed_columns '
                                "WHERE view = 'my_schema_v2_____' AND property IS NOT NULL")
     assert columns == [

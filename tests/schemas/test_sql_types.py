@@ -84,19 +84,21 @@ def test_what_has_no_one_type_is_json_and_says_why() -> None:
                   "ref": {"$ref": "#/$defs/money"},
                   "loop": {"$ref": "#/$defs/node"},
                   "all": {"allOf": [{"type": "string"}]},
-                  "cased": {"type": "object", "properties": {"Id": {"type": "string"}, "id": {"type": "integer"}}}}}
+                  "cased": {"type": "object", "properties": {"Id": {"type": "string"}, "id": {"type": "integer"}}},
+                  "blank": {"type": "object", "properties": {"": {"type": "string"}}}}}
     found = properties(schema)
     assert found is not None
     assert {n: t.structure() for n, t in found.items()} == {
         "one": "JSON", "free": "JSON", "mixed": "JSON", "tuple": "JSON", "nullable": "DATE", "ref": "DOUBLE",
         "loop": {"child": "JSON"}, "all": "JSON",  # node -> child -> node again: JSON
-        "cased": "JSON"}  # a STRUCT cannot hold both Id and id
+        "cased": "JSON", "blank": "JSON"}  # a STRUCT cannot hold both Id and id, nor a field without a name
     assert found["nullable"].nullable and not found["ref"].nullable
     assert found["one"].notes() == ("one: oneOf of several types, kept as JSON",)
     assert found["free"].notes() == ("free: an object without properties (free-form), kept as JSON",)
     assert found["mixed"].notes() == ("mixed: several types (integer, string), kept as JSON",)
     assert found["loop"].notes() == ("loop.child: a recursive $ref, kept as JSON",)
     assert found["cased"].notes() == ("cased: property names that differ only in case, kept as JSON",)
+    assert found["blank"].notes() == ("blank: a property name that is empty or has control characters, kept as JSON",)
 
 
 def test_deep_nesting_is_json_below_the_limit() -> None:
