@@ -194,6 +194,8 @@ class Engine:
     """One vllm.LLM for a process, driven by a background step loop. Thread-safe: any thread may
     submit; only the loop thread touches the engine between starts."""
 
+    guarded = True  # the repetition guard stops looping answers (a benchmark of fixed lengths turns it off)
+
     def __init__(self, settings: EngineSettings) -> None:
         # vLLM reads these only from the environment: set once here, before the engine exists (it starts on
         # first use), so never mid-run. The constructor runs in the stage's setup or the service's start.
@@ -348,7 +350,7 @@ class Engine:
                         failed.append((future, RuntimeError("engine is not running")))
                         continue
                     try:
-                        in_flight[self._admit(llm, request, params)] = StreamedAnswer(future)
+                        in_flight[self._admit(llm, request, params)] = StreamedAnswer(future, self.guarded)
                     except Exception as err:  # noqa: BLE001 - a rejected request (ValueError) fails alone
                         failed.append((future, err))
                 stop = aborted(self._aborts, in_flight)  # given up by their callers (--answer-timeout-s)
