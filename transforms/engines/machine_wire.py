@@ -27,6 +27,7 @@ from PIL import Image
 MAX_HEADER = 8 << 20  # prompt, sampling (a JSON schema), or a reply's token ids and text: far below this
 MAX_PAYLOAD = 64 << 20  # one page's encoded image
 MAX_FRAME = 4 + MAX_HEADER + MAX_PAYLOAD
+MAX_SIDE = 1 << 15  # px: a page's target size is resized to in the service, so it is bounded too
 _LENGTH = struct.Struct(">I")
 SAMPLING_FIELDS = {"temperature": float, "top_p": float, "max_tokens": int, "json": dict, "regex": str}
 SAMPLING_REQUIRED = ("temperature", "top_p", "max_tokens")
@@ -91,7 +92,8 @@ def _check(header: dict[str, Any], payload: bytes) -> None:
     kind = header["kind"]
     if kind == "submit":
         size = header["size"]
-        if len(size) != 2 or not _ints(size) or min(size) < 1 or header["detail_side"] < 0 or not payload:
+        if (len(size) != 2 or not _ints(size) or min(size) < 1 or max(size) > MAX_SIDE or not payload
+                or not 0 <= header["detail_side"] <= MAX_SIDE):
             raise FrameError("bad submit: size, detail_side or image")
         check_sampling(header["sampling"])
     elif payload:

@@ -58,6 +58,7 @@ GOOD_SUBMIT = wire.submit_header(1, "p", SAMPLING, 0, (10, 10))
     (frame({**GOOD_SUBMIT, "size": [10]}, b"x"), wire.TO_SERVICE),       # a size of one side
     (frame({**GOOD_SUBMIT, "size": [0, 10]}, b"x"), wire.TO_SERVICE),    # an empty page
     (frame({**GOOD_SUBMIT, "detail_side": -1}, b"x"), wire.TO_SERVICE),
+    (frame({**GOOD_SUBMIT, "size": [10, wire.MAX_SIDE + 1]}, b"x"), wire.TO_SERVICE),  # a resize bomb
     (frame(GOOD_SUBMIT), wire.TO_SERVICE),                               # a page without its image
     (frame({**GOOD_SUBMIT, "sampling": {**SAMPLING, "seed": 1}}, b"x"), wire.TO_SERVICE),  # unknown sampling field
     (frame({**GOOD_SUBMIT, "sampling": {"temperature": 0.0, "top_p": 1.0}}, b"x"), wire.TO_SERVICE),
