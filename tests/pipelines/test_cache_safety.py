@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +29,18 @@ from tests.conftest import vllm_available
 from tests.pipelines.test_safety_pipeline import ProbeEngine
 from tests.transforms.output.test_cache_reuse import entry_between, stripes
 from tests.transforms.safety.test_gate import _gradient, encode, photo
+from transforms.engines.simulated import simulated
+from transforms.model.extract import EngineFactory
 from transforms.output.run_root import tenant_files
 from transforms.safety.classifiers import NudeNetClassifier
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow,
-              pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")]
+
+def with_vllm(test: Callable[..., None]) -> Callable[..., None]:
+    """The end-to-end tests: the real tiny model."""
+    for mark in (pytest.mark.vllm, pytest.mark.slow,
+                 pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")):
+        test = mark(test)
+    return test
 
 
 def rows(output: Path, query: str) -> list[dict[str, Any]]:
@@ -40,8 +48,10 @@ def rows(output: Path, query: str) -> list[dict[str, Any]]:
     return [dict(zip(columns, v, strict=True)) for v in values]
 
 
-def run_once(root: Path, model: Path, run_id: str, extra: list[str]) -> list[dict[str, Any]]:
-    """One pipeline run over root/in into root/out; the engine's requests of this run."""
+def run_once(root: Path, model: Path, run_id: str, extra: list[str],
+             engine: EngineFactory | None = None) -> list[dict[str, Any]]:
+    """One pipeline run over root/in into root/out; the engine's requests of this run (the real engine,
+    probed), or none recorded with another `engine`."""
     output, log = root / "out", root / f"engine-{run_id}.jsonl"
     log.touch()
     options = PagemillOptions([
@@ -54,7 +64,7 @@ def run_once(root: Path, model: Path, run_id: str, extra: list[str]) -> list[dic
     with beam.Pipeline(options=options) as p:
         build_pipeline(p, run_settings(o),
                        {"run_id": run_id, "tenant": o.tenant, "created_at": dt.datetime.now(dt.UTC)},
-                       earlier_files=earlier, engine_factory=functools.partial(ProbeEngine, log=str(log)))
+                       earlier_files=earlier, engine_factory=engine or functools.partial(ProbeEngine, log=str(log)))
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 
@@ -92,6 +102,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path) -> dict
     return {"out": out, "requests": {"r1": first, "r2": second, "r3": third}, "score": score}
 
 
+@with_vllm
 def test_first_run_extracts_everything(runs: dict[str, Any]) -> None:
     d = docs(runs["out"], "r1")
     assert {k: v["outcome"] for k, v in d.items()} == {"invoice.pdf": "extracted", "photo.png": "extracted",
@@ -102,6 +113,7 @@ def test_first_run_extracts_everything(runs: dict[str, Any]) -> None:
     assert len(runs["requests"]["r1"]) == 4
 
 
+@with_vllm
 def test_blocklisted_pages_are_quarantined_never_cached(runs: dict[str, Any]) -> None:
     d, p = docs(runs["out"], "r2"), pages(runs["out"], "r2")
     for name, kind in (("invoice.pdf", "sha256"), ("photo.png", "pdq"), ("lines.png", "pdq")):
@@ -120,6 +132,7 @@ def test_blocklisted_pages_are_quarantined_never_cached(runs: dict[str, Any]) ->
     assert runs["requests"]["r2"] == []
 
 
+@with_vllm
 def test_lower_nsfw_threshold_rescreens_cached_pages(runs: dict[str, Any]) -> None:
     d, p = docs(runs["out"], "r3"), pages(runs["out"], "r3")
     assert (d["gradient.png"]["outcome"], d["gradient.png"]["reason_code"]) == ("quarantined", "blocked_nsfw")
@@ -129,3 +142,35 @@ def test_lower_nsfw_threshold_rescreens_cached_pages(runs: dict[str, Any]) -> No
     # A stricter gate is a new cache configuration: nothing of run 3 is a copy of run 1's answers.
     assert "cached" not in {v["outcome"] for v in d.values()}
     assert p["invoice.pdf"]["config_key"] != pages(runs["out"], "r1")["invoice.pdf"]["config_key"]
+
+
+# Without the model: the graph hands today's blocklists to the document cache -------------------------
+
+ANSWER = json.dumps({"vendor_name": "V", "invoice_number": "1", "issue_date": None, "due_date": None,
+                     "currency": None, "subtotal": None, "tax": None, "total": 1.0, "line_items": []})
+
+
+def test_the_graph_rechecks_reused_documents_against_todays_blocklists(tmp_path: Path) -> None:
+    """The same check as above on a simulated engine that answers a valid invoice (no vLLM, seconds): run 2
+    lists the invoice's page by its hash from run 1; the document cache must quarantine it, not reuse it."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "invoice.pdf").write_bytes(docmaker.invoice_pdf())
+    (tmp_path / "in" / "report.pdf").write_bytes(docmaker.multipage_pdf(2))
+    engine = functools.partial(simulated, slots=4, seconds=0.01, text=ANSWER)
+    flags = ["--model-family", "qwen2_vl", "--max-side", "400", "--nsfw-classifier", "none"]
+    run_once(tmp_path, Path("simulated"), "r1", flags, engine)
+    out = tmp_path / "out"
+    assert {k: (v["status"], v["route"]) for k, v in pages(out, "r1").items()} == {"invoice.pdf": ("ok", "model"),
+                                                                                  "report.pdf": ("ok", "model")}
+    blocklist = tmp_path / "today.txt"
+    blocklist.write_text(f"sha256:{pages(out, 'r1')['invoice.pdf']['page_hash']}\n")
+    run_once(tmp_path, Path("simulated"), "r2", [*flags, "--blocklist", str(blocklist)], engine)
+    d = docs(out, "r2")
+    assert {k: (v["outcome"], v["reason_code"]) for k, v in d.items()} == {
+        "invoice.pdf": ("quarantined", "blocked_hash"), "report.pdf": ("cached", None)}
+    found = rows(out, "SELECT source_uri, page_index, status, route FROM pages JOIN ledger "
+                      "USING (run_id, doc_sha256, source_uri, page_index) WHERE run_id = 'r2' ORDER BY 1, 2")
+    assert [(Path(r["source_uri"]).name, r["page_index"], r["status"], r["route"]) for r in found] == [
+        ("invoice.pdf", 0, "quarantined", "quarantined"), ("report.pdf", 0, "cached", "cache"),
+        ("report.pdf", 1, "cached", "cache")]
+
