@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from pipelines import sql
 from pipelines.storage import StorageConfig, arrow_filesystem
+from schemas import layout, tables
 from schemas.sql_types import quote
 from transforms.text_safety import terminal_safe
 
@@ -58,6 +59,13 @@ def _csv_rows(table: pa.Table) -> Iterator[list[Any]]:
             yield [sql.text_value(v) for v in row.values()]
 
 
+def _inside_tables(output: str, to: str, storage: StorageConfig) -> str | None:
+    """The table whose folder `to` would land in (a Parquet file there would be read as its rows), or None."""
+    _, root = arrow_filesystem(output, storage)
+    _, path = arrow_filesystem(to, storage)
+    return next((t for t in tables.TABLES if path.startswith(layout.table_folder(root, t) + "/")), None)
+
+
 def command(argv: Sequence[str]) -> int:
     from pipelines.options import check_identifier
     from pipelines.storage import add_storage_args, configure, storage_from
@@ -75,6 +83,10 @@ def command(argv: Sequence[str]) -> int:
         return 2
     fmt = args.format or ("csv" if args.to.lower().endswith(".csv") else "parquet")
     storage = storage_from(vars(args))
+    if inside := _inside_tables(args.output, args.to, storage):
+        print(f"pagemill export: --to is inside the {inside} table's folder, whose files are read as its rows",
+              file=sys.stderr)
+        return 2
     configure(storage)
     try:
         table = read(args.output, args.schema, args.tenant, storage)

@@ -96,5 +96,8 @@ def test_bad_requests(output: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
     code, _, err = export(capsys, "--output", str(output), "--schema", "invoice", "--to", str(target),
                           "--tenant", "../x")
     assert code == 2 and not target.exists()
+    inside = output / "pages" / "tenant=default" / "run_id=r1" / "part-x.parquet"
+    code, _, err = export(capsys, "--output", str(output), "--schema", "invoice", "--to", str(inside))
+    assert code == 2 and "inside the pages table" in err and not inside.exists()
     with pytest.raises(SystemExit):
         cli.main(["export", "--output", str(output), "--schema", "invoice", "--to", str(target), "--format", "xlsx"])
