@@ -47,7 +47,9 @@ def make_inputs(folder: Path, n: int, copies: dict[str, int] | None = None) -> l
 
 
 def manifest(output: Path, run_id: str) -> dict:
-    return json.loads((output / "runs" / "tenant=default" / f"{run_id}.json").read_text())
+    """The run's manifest, wherever the layout puts it under `runs/`."""
+    (path,) = (output / "runs").rglob(f"{run_id}.json")
+    return json.loads(path.read_text())
 
 
 # Pure ----------------------------------------------------------------------------------------------
