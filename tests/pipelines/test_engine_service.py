@@ -37,3 +37,22 @@ def test_multi_processing_run_starts_one_engine(tmp_path: Path, test_model_dir: 
     # Every page went through the service: the model answered (ok, or invalid at 64 tokens), none failed.
     assert all(p["route"] == "model" and p["output_tokens"] > 0 for p in pages), pages
     assert int(starts[0].split()[0]) != os.getpid()  # the engine ran in the service process
+
+
+def test_a_service_folder_others_can_enter_is_refused_and_the_run_says_so(tmp_path: Path, test_model_dir: Path) -> None:
+    """A --engine-service-dir with mode 0755 (someone else could have put a socket there): nothing in it is used,
+    no service starts, every page fails with engine_error naming the folder's mode, and the run exits 3."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    (inputs / "invoice.pdf").write_bytes(docmaker.invoice_pdf(seed=1))
+    output, service = tmp_path / "out", tmp_path / "engine"
+    service.mkdir()
+    service.chmod(0o755)
+    code = cli.main(["run", "--input", str(inputs), "--output", str(output), "--run-id", "r1", "--schema", "invoice",
+                     "--model", str(test_model_dir), "--model-revision", "tiny", "--max-tokens", "64",
+                     "--max-attempts", "1", "--max-side", "600", "--progress-every-s", "0", "--workers", "1",
+                     "--engine-service", "machine", "--engine-service-dir", str(service)])
+    assert code == 3  # the model could not be used at all
+    _, values = sql.query(str(output), "SELECT status, reason_code, message FROM pages")
+    assert values and all(v[0] == "failed" and v[1] == "engine_error" and "mode 0755" in v[2] for v in values), values
+    assert list(service.iterdir()) == []  # no authkey, lock, socket or log written there
