@@ -84,7 +84,7 @@ def run(options: Any, storage: Any) -> int:
     code, why = exit_code(counts, o.max_failed_fraction)  # rows are written: now judge them
     manifest.update(resumed=bool(before), exit_code=code, exit_reason=why, retried_rows=retried,
                     waves=waves.as_dict(), this_invocation=invocation(counts, before))
-    uri = write_manifest(o.output, o.run_id, manifest)
+    uri = write_manifest(o.output, o.tenant, o.run_id, manifest)
     print(summary(counts, wall, o.output, uri, manifest["this_invocation"], waves))
     if o.write_markdown:
         from pipelines.markdown_files import write_markdown
@@ -111,11 +111,11 @@ def invocation(counts: dict[str, Any], before: dict[str, Any] | None) -> dict[st
 
 def run_id_taken(output: str, tenant: str, run_id: str) -> list[str]:
     """A run id belongs to the tenant that first wrote it: another tenant neither resumes, clears nor
-    overwrites its manifest (the manifest is `runs/<run_id>.json`, one per run id)."""
-    from pipelines.manifest import manifest_tenant
+    reports it (its manifest is `runs/tenant=<t>/<run_id>.json`)."""
+    from pipelines.manifest import manifest_tenants
     from transforms.output.run_root import run_tenants
 
-    owners = run_tenants(output, run_id) | ({manifest_tenant(output, run_id)} - {None})
+    owners = run_tenants(output, run_id) | manifest_tenants(output, run_id)
     if owners - {tenant}:  # the owner is not named: one tenant learns nothing about another
         return [f"--run-id {run_id!r} belongs to another tenant under {output}; choose another run id"]
     return []
@@ -133,7 +133,7 @@ def listing_window(o: Any, job_name: str | None, storage: Any) -> tuple[float | 
 
         query = ("SELECT max(started_at) FROM runs WHERE tenant = ? AND "
                  "coalesce(json_extract_string(manifest, '$.options.job_name'), '') = ?")
-        con = sql.connect(o.output, storage)
+        con = sql.connect(o.output, storage, o.tenant)  # this tenant's manifests only (sql.manifest_files)
         try:
             (last,) = con.execute(query, [o.tenant, job_name or ""]).fetchone()
         finally:
@@ -152,11 +152,11 @@ def summary(counts: dict[str, Any], wall: float, output: str, manifest_uri: str,
     """The closing lines: what this invocation did (`this`, from `invocation`), then what the run holds."""
     pages = counts["totals"]["pages"]
     did = this or {"documents": counts["documents"], "pages": pages, "model_calls": counts["totals"]["model_calls"]}
-    lines = [f"pagemill: this invocation: {did['documents']} documents, {did['pages']} pages in {wall:.1f} s "
-             f"({did['pages'] / max(wall, 1e-9):.2f} pages/s), model calls {did['model_calls']}"
-             + (f", waves run {len(waves.ran)} of {waves.total} ({len(waves.skipped)} finished before)"
+    lines = [f"pagemill: {did['documents']} documents, {did['pages']} pages in {wall:.1f} s "
+             f"({did['pages'] / max(wall, 1e-9):.2f} pages/s), model calls {did['model_calls']} by this invocation"
+             + (f"; waves run {len(waves.ran)} of {waves.total} ({len(waves.skipped)} finished before)"
                 if waves is not None and waves.total > 1 else "")]
-    lines.append(f"  the run:  {counts['documents']} documents, {pages} pages")
+    lines.append(f"  the run:  {counts['documents']} documents, {pages} pages in all")
     lines.append("  outcomes: " + ", ".join(f"{k} {v}" for k, v in counts["outcomes"].items()))
     if counts["reject_reasons"]:
         lines.append("  reasons:  " + ", ".join(f"{k} {v}" for k, v in counts["reject_reasons"].items()))
