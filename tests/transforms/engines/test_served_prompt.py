@@ -42,7 +42,8 @@ def controls_in(tokenizer: Any, text: str) -> list[str]:
 
 def sent_text(model: str, hint: str, family: str = "qwen2_vl") -> str:
     cfg = config(model=model, model_family=DEFAULT_RULES[family])
-    return build_request(page_task("p.png", hint=hint), cfg).prompt["messages"][1]["content"][1]["text"]
+    content = build_request(page_task("p.png", hint=hint), cfg).prompt["messages"][1]["content"]
+    return "".join(part["text"] for part in content if part["type"] == "text")  # every text part, in any layout
 
 
 def hostile_hint(tokenizer: Any) -> str:
