@@ -53,6 +53,7 @@ from transforms.engines.machine_folder import (
     AUTHKEY_BYTES,
     MAX_SETTINGS_BYTES,
     check_folder,
+    last_line,
     open_private,
     prepare_folder,
     read_authkey,
@@ -293,16 +294,24 @@ class RemoteEngine:
                 authkey = self._authkey()
                 conn = self._try_connect(authkey)
                 if conn is None:
-                    self._spawn()
-                    deadline = time.monotonic() + CONNECT_TIMEOUT_S
-                    while conn is None and time.monotonic() < deadline:
-                        time.sleep(0.2)
-                        conn = self._try_connect(authkey)
-                    if conn is None:
-                        raise RuntimeError(f"engine service did not come up in {self.directory}")
+                    conn = self._start_service(authkey)
             self._conn = conn
             threading.Thread(target=self._read, args=(conn,), name="pagemill-engine-client", daemon=True).start()
             return conn
+
+    def _start_service(self, authkey: bytes) -> Connection:
+        """Spawn the service and connect once it listens. A service that exits first (its folder refused, a
+        broken install) raises at once, with the last line of its log."""
+        proc = self._spawn()
+        deadline = time.monotonic() + CONNECT_TIMEOUT_S
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            conn = self._try_connect(authkey)
+            if conn is not None:
+                return conn
+        code = proc.poll()
+        why = f"exited with code {code}" if code is not None else f"did not listen in {CONNECT_TIMEOUT_S:g} s"
+        raise RuntimeError(f"engine service {why} ({self.directory}): {last_line(self.directory / 'service.log')}")
 
     def _authkey(self) -> bytes:
         """The folder's authkey, created (O_EXCL, 0600) with the service's settings by the first worker."""
@@ -322,14 +331,15 @@ class RemoteEngine:
         """The service's command line (tests start a stub engine's service here)."""
         return python_argv("-m", "transforms.engines.machine", str(self.directory))
 
-    def _spawn(self) -> None:
+    def _spawn(self) -> subprocess.Popen[bytes]:
         sock = self.directory / SOCKET
         if sock.is_symlink() or sock.exists():
             sock.unlink()  # left by a service that died
         fd = open_private(self.directory / "service.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         with os.fdopen(fd, "ab") as out:
-            subprocess.Popen(self.service_argv(), stdout=out, stderr=out, stdin=subprocess.DEVNULL,
-                             env=service_env(os.environ, sys.path), start_new_session=True, close_fds=True)
+            return subprocess.Popen(self.service_argv(), stdout=out, stderr=out, stdin=subprocess.DEVNULL,
+                                    env=service_env(os.environ, sys.path), start_new_session=True, close_fds=True)
+
 
     def _read(self, conn: Connection) -> None:
         while True:

@@ -153,6 +153,17 @@ def write_new(path: Path, data: bytes) -> bool:
     return True
 
 
+def last_line(path: Path) -> str:
+    """A checked file's last line (the service log's: its error, when it exited), for the pages' message."""
+    try:
+        with os.fdopen(open_private(path, os.O_RDONLY), "rb") as handle:
+            handle.seek(max(0, os.fstat(handle.fileno()).st_size - 4096))
+            lines = handle.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return f"no {path.name}"
+    return lines[-1][-500:] if lines else f"an empty {path.name}"
+
+
 def read_authkey(folder: Path) -> bytes:
     key = read_private(folder / "authkey", AUTHKEY_BYTES)
     if len(key) != AUTHKEY_BYTES:

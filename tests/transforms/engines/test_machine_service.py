@@ -416,3 +416,16 @@ def test_a_planted_folder_receives_no_prompt_and_no_page(monkeypatch: pytest.Mon
 def test_the_real_service_starts_as_a_module_with_a_safe_path(folder: Path) -> None:
     assert RemoteEngine(settings(folder)).service_argv() == [sys.executable, "-P", "-m", "transforms.engines.machine",
                                                              str(folder)]
+
+
+class ExitingRemoteEngine(StubRemoteEngine):
+    """A service that cannot start: it says why on stderr (its log) and exits."""
+
+    def service_argv(self) -> list[str]:
+        return python_argv("-c", "import sys; print('ImportError: a broken install', file=sys.stderr); sys.exit(3)")
+
+
+def test_a_service_that_exits_at_start_fails_the_request_with_its_error(folder: Path) -> None:
+    engine = ExitingRemoteEngine(settings(folder))
+    with pytest.raises(RuntimeError, match=r"exited with code 3 .*ImportError: a broken install"):
+        engine.submit({"prompt": "p", "multi_modal_data": {"image": Image.new("RGB", (4, 4))}}, FIELDS)
