@@ -117,7 +117,7 @@ def time_run(folder: Path, output: Path, n: int, flags: list[str], beam_args: li
     peak_rss_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # Linux: KiB; the only child
     if proc.returncode != 0:
         sys.exit(f"pagemill run failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-4000:]}")
-    manifest = json.loads((output / "runs" / "bench.json").read_text())
+    manifest = json.loads((output / "runs" / "tenant=default" / "bench.json").read_text())
     problems = []
     if manifest["outcomes"] != {"cached": n}:
         problems.append(f"outcomes {manifest['outcomes']}, expected cached {n}")

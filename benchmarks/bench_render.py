@@ -85,7 +85,7 @@ def run_pipeline(inputs: Path, output: Path, beam_args: list[str], repo: Path = 
     if proc.returncode != 0:
         sys.exit(f"pipeline failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-4000:]}")
     match = re.search(r"(\d+) pages in ([\d.]+) s", proc.stdout)
-    manifest = json.loads((output / "runs" / "bench.json").read_text())
+    manifest = json.loads((output / "runs" / "tenant=default" / "bench.json").read_text())
     return {
         "pages": float(manifest["totals"]["pages"]),
         "rendered": float(manifest["pages"].get("rendered", 0)),

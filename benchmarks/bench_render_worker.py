@@ -35,7 +35,7 @@ def run_once(inputs: str, extra: list[str]) -> tuple[float, float, int]:
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         if proc.returncode not in (0, 1):
             raise SystemExit(proc.stderr[-2000:])
-        pages = json.loads((Path(out) / "runs" / "b.json").read_text())["totals"]["pages"]
+        pages = json.loads((Path(out) / "runs" / "tenant=default" / "b.json").read_text())["totals"]["pages"]
     return wall, cpu, pages
 
 

@@ -1,4 +1,4 @@
-"""The run manifest, `runs/<run_id>.json`: options, versions, counts read back from the written
+"""The run manifest, `runs/tenant=<tenant>/<run_id>.json`: options, versions, counts read back from the written
 tables' raw rows (so the manifest can never disagree with them, and a duplicated row is reported, not
 hidden), totals and stage timings. A run id belongs to one tenant: the manifest names it, and
 `pagemill run` refuses a run id that another tenant's manifest or partitions already hold."""
@@ -14,8 +14,8 @@ from typing import Any
 from apache_beam.io.filesystems import FileSystems
 
 from pipelines import sql
-from schemas import tables
-from schemas.layout import manifest_path
+from schemas import layout, tables
+from schemas.layout import legacy_manifest_path, manifest_path
 from schemas.records import model_routes_sql
 from transforms.text_safety import redact_url
 
@@ -87,17 +87,22 @@ def run_counts(output: str, run_id: str, storage: Any = None, tenant: str = "def
         con.close()
 
 
-def manifest_tenant(output: str, run_id: str) -> str | None:
-    """The tenant recorded in `runs/<run_id>.json`, or None when there is no manifest yet."""
-    uri = manifest_path(output, run_id)
+def manifest_tenants(output: str, run_id: str) -> set[str]:
+    """The tenants that have a manifest for this run id: the folder of `runs/tenant=<t>/<run_id>.json`, and
+    the tenant recorded in an old-layout `runs/<run_id>.json` (output roots hold no glob characters:
+    schemas/layout.py root_problems)."""
+    found: set[str | None] = set()
+    uri = legacy_manifest_path(output, run_id)
     try:
-        if not FileSystems.exists(uri):
-            return None
-        with FileSystems.open(uri) as handle:
-            m = json.loads(handle.read())
+        matched = FileSystems.match([manifest_path(output, "*", run_id)])[0].metadata_list
+        found.update(layout.tenant_of(m.path) for m in matched)
+        if FileSystems.exists(uri):
+            with FileSystems.open(uri) as handle:
+                m = json.loads(handle.read())
+            found.add(m.get("tenant") or (m.get("options") or {}).get("tenant"))
     except (OSError, ValueError):
-        return None
-    return m.get("tenant") or (m.get("options") or {}).get("tenant")
+        pass
+    return {t for t in found if t}
 
 
 def streaming_figures(con: Any, run_id: str) -> dict[str, float | None]:
@@ -140,8 +145,8 @@ def _redacted(value: Any) -> Any:
     return value
 
 
-def write_manifest(output: str, run_id: str, manifest: Mapping[str, Any]) -> str:
-    uri = manifest_path(output, run_id)
+def write_manifest(output: str, tenant: str, run_id: str, manifest: Mapping[str, Any]) -> str:
+    uri = manifest_path(output, tenant, run_id)
     with FileSystems.create(uri) as handle:
         handle.write(json.dumps(manifest, indent=1, default=str, sort_keys=True).encode())
     return uri

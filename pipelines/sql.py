@@ -41,18 +41,33 @@ def table_files(fs: pafs.FileSystem, root: str, table: str, tenant: str | None =
                   if i.type == pafs.FileType.File and layout.is_part_file(i.path))
 
 
+def manifest_files(fs: pafs.FileSystem, root: str, tenant: str | None = None) -> list[tuple[str, str | None]]:
+    """(path, the tenant its folder names) of the manifests of `tenant`'s runs (None: every tenant's):
+    `runs/tenant=<t>/<id>.json`, and an old-layout `runs/<id>.json` only for a run id that the tenant's own
+    partitions hold and that has no new-layout manifest: a file planted in `runs/` speaks for no one else."""
+    def jsons(folder: str, recursive: bool) -> list[str]:
+        found = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True, recursive=recursive))
+        return sorted(i.path for i in found if i.type == pafs.FileType.File and i.path.endswith(".json"))
+
+    runs = layout.join_uri(root, "runs")
+    new = [(path, layout.tenant_of(path)) for path in jsons(runs, True)
+           if layout.tenant_of(path) is not None and tenant in (None, layout.tenant_of(path))]
+    written = {layout.manifest_run_id(path) for path, _ in new}
+    owned = {layout.run_id_of(path) for path in table_files(fs, root, "documents", tenant)} if tenant else set()
+    legacy = [(path, None) for path in jsons(runs, False) if layout.manifest_run_id(path) not in written
+              and (tenant is None or layout.manifest_run_id(path) in owned)]
+    return new + legacy
+
+
 def runs_table(fs: pafs.FileSystem, root: str, tenant: str | None = None) -> pa.Table:
-    selector = pafs.FileSelector(f"{root}/runs", allow_not_found=True)
     records = []
-    for info in fs.get_file_info(selector):
-        if info.type != pafs.FileType.File or not info.path.endswith(".json"):
-            continue
-        with fs.open_input_stream(info.path) as handle:
+    for path, folder_tenant in manifest_files(fs, root, tenant):
+        with fs.open_input_stream(path) as handle:
             m = json.loads(handle.read())
         totals = m.get("totals", {})
         records.append({"run_id": m.get("run_id"), "started_at": m.get("started_at"),
                         "finished_at": m.get("finished_at"), "wall_seconds": m.get("wall_seconds"),
-                        "tenant": m.get("options", {}).get("tenant"), "documents": m.get("documents"),
+                        "tenant": folder_tenant or m.get("options", {}).get("tenant"), "documents": m.get("documents"),
                         "pages": totals.get("pages"), "model_calls": totals.get("model_calls"),
                         "cost_usd": totals.get("cost_usd"), "api_equivalent_usd": totals.get("api_equivalent_usd"),
                         "manifest": json.dumps(m, sort_keys=True)})

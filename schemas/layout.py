@@ -63,9 +63,29 @@ def markdown_folder(output: str, tenant: str) -> str:
     return join_uri(output, "markdown", f"tenant={tenant}")
 
 
-def manifest_path(output: str, run_id: str) -> str:
-    """A run's manifest: `runs/<run_id>.json` (one per run id, whichever tenant wrote it)."""
+def manifest_path(output: str, tenant: str, run_id: str) -> str:
+    """A run's manifest: `runs/tenant=<tenant>/<run_id>.json`. Under its tenant's folder like the tables, so
+    that what may write one tenant's files cannot write a manifest that another tenant's runs read."""
+    return join_uri(output, "runs", f"tenant={tenant}", f"{run_id}.json")
+
+
+def legacy_manifest_path(output: str, run_id: str) -> str:
+    """Where manifests were written before they had a tenant folder (`runs/<run_id>.json`): still read,
+    but only as the run of the tenant whose partitions hold that run id (pipelines/sql.py manifest_files)."""
     return join_uri(output, "runs", f"{run_id}.json")
+
+
+def manifest_run_id(path: str) -> str:
+    """Pure: the run id a manifest's path names (its file name without `.json`)."""
+    return path.rsplit("/", 1)[-1].removesuffix(".json")
+
+
+def run_id_of(path: str) -> str | None:
+    """The run id a part file's path names (its last `run_id=` folder), or None."""
+    for part in reversed(path.split("/")):
+        if part.startswith("run_id="):
+            return part.removeprefix("run_id=")
+    return None
 
 
 def eval_path(output: str, tenant: str, run_id: str) -> str:

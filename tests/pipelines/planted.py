@@ -45,6 +45,6 @@ def write_pages(output: Path, rows: list[dict[str, Any]]) -> None:
 
 def write_manifest(output: Path, run_id: str, schema: str, tenant: str = "default") -> None:
     """A run manifest as far as the typed views read it: the run's `--schema` (a name or a file path)."""
-    path = Path(manifest_path(str(output), run_id))
+    path = Path(manifest_path(str(output), tenant, run_id))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"run_id": run_id, "tenant": tenant, "options": {"tenant": tenant, "schema": schema}}))

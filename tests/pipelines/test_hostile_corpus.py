@@ -64,7 +64,7 @@ def hostile_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         pytest.fail(f"the run over {HOSTILE} did not finish in {LIMIT_S} s (a hang?); stderr tail:\n{tail}")
     wall = time.perf_counter() - started
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    manifest = json.loads((output / "runs" / "hostile.json").read_text())
+    manifest = json.loads((output / "runs" / "tenant=default" / "hostile.json").read_text())
     timings = manifest.get("stage_timings", {})
     print(f"\nhostile corpus: {manifest['documents']} documents, {manifest['totals']['pages']} pages in {wall:.1f} s; "
           f"slowest page render {timings.get('render_ms', {}).get('max')} ms; outcomes {manifest['outcomes']}")

@@ -231,7 +231,7 @@ def test_a_resumed_run_reads_and_extracts_only_the_new_documents(tmp_path: Path,
     sha |= documents(inputs, {"c.pdf": 2})
     code, read, model_calls = probes.run(inputs, output, "grow", *flags)
     assert (code, read, model_calls) == (0, [sha["c.pdf"]], 2)  # c's two pages
-    manifest = json.loads((output / "runs" / "grow.json").read_text())
+    manifest = json.loads((output / "runs" / "tenant=default" / "grow.json").read_text())
     assert manifest["resumed"] is True and manifest["stage_timings"]["documents_accepted"] == 1
     assert_one_row_per_key(output, "grow", listed=3, pages=5)
 
@@ -256,7 +256,7 @@ def test_a_run_stopped_between_waves_resumes_with_the_unfinished_wave_only(
     probes.fail_wave = None
     code, second, _ = probes.run(inputs, output, "waves", *flags)
     assert (code, sorted(second)) == (0, waves[1])
-    manifest = json.loads((output / "runs" / "waves.json").read_text())
+    manifest = json.loads((output / "runs" / "tenant=default" / "waves.json").read_text())
     assert (manifest["waves"]["skipped"], manifest["waves"]["ran"]) == (1, 1)
     assert manifest["stage_timings"]["documents_accepted"] == len(waves[1])
     assert_one_row_per_key(output, "waves", listed=3, pages=5)

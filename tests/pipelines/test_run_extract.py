@@ -93,7 +93,7 @@ def test_pages_are_timestamped(extracted: Path) -> None:
     assert pages
     for page in pages:
         assert page["created_at"] <= page["rendered_at"] <= page["extracted_at"]
-    manifest = json.loads((extracted / "runs" / "x1.json").read_text())
+    manifest = json.loads((extracted / "runs" / "tenant=default" / "x1.json").read_text())
     assert manifest["streaming"]["time_to_first_result_s"] > 0
     assert 0 < manifest["streaming"]["engine_busy_fraction"] <= 1
 
@@ -112,7 +112,7 @@ def test_ledger_has_engine_tokens_and_costs(extracted: Path) -> None:
         assert row["gpu_seconds"] > 0
         assert row["cost_usd"] == pytest.approx(row["gpu_seconds"] * 2.5 / 3600)
         assert row["api_equivalent_usd"] > row["cost_usd"] * 0  # priced, and never negative
-    manifest = json.loads((extracted / "runs" / "x1.json").read_text())
+    manifest = json.loads((extracted / "runs" / "tenant=default" / "x1.json").read_text())
     one_row_per(raw_rows(extracted, "ledger", "x1"), "doc_sha256", "page_index")
     assert manifest["errors"] == [] and set(manifest["duplicate_keys"].values()) == {0}
     assert manifest["totals"]["model_calls"] == len(ledger)

@@ -231,7 +231,7 @@ def test_ledger_matches_pages(run: Run) -> None:
 
 
 def test_manifest_matches_tables(run: Run) -> None:
-    manifest = json.loads((run.output / "runs" / f"{run.run_id}.json").read_text())
+    manifest = json.loads((run.output / "runs" / "tenant=default" / f"{run.run_id}.json").read_text())
     assert manifest["run_id"] == run.run_id
     docs = _documents(run)
     assert manifest["documents"] == len(docs)
@@ -288,7 +288,7 @@ def test_rerun_same_run_id_replaces_rows(tmp_path: Path) -> None:
     assert run_pipeline(corpus, output, "other", runner) == 0
     counts = dict(sql.query(str(output), "SELECT run_id, count(*) FROM documents GROUP BY 1")[1])
     assert counts == {"again": len(first), "other": len(first)}
-    assert sorted(p.name for p in (output / "runs").iterdir()) == ["again.json", "other.json"]
+    assert sorted(p.name for p in (output / "runs" / "tenant=default").iterdir()) == ["again.json", "other.json"]
 
 
 def test_sql_before_any_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -327,12 +327,12 @@ def test_job_file_and_cli_override(tmp_path: Path) -> None:
     # A flag on the command line wins over the job's value; --input replaces the job's list.
     assert cli.main(["run", "--job", str(job), "--run-id", "from-cli", "--input", str(tmp_path / "cli-in"),
                      "--max-side", "300", "--direct_num_workers", "2"]) == 0
-    assert sorted(p.name for p in (output / "runs").iterdir()) == ["from-cli.json", "from-job.json"]
+    assert sorted(p.name for p in (output / "runs" / "tenant=default").iterdir()) == ["from-cli.json", "from-job.json"]
     docs = rows(output, "SELECT source_uri FROM documents WHERE run_id = 'from-cli' ORDER BY 1")
     assert [d["source_uri"] for d in docs] == cli_inputs
     (widest,) = sql.query(str(output), "SELECT max(greatest(width, height)) FROM pages WHERE run_id = 'from-cli'")[1][0]
     assert widest == 300
-    manifest = json.loads((output / "runs" / "from-cli.json").read_text())
+    manifest = json.loads((output / "runs" / "tenant=default" / "from-cli.json").read_text())
     assert manifest["options"]["extract"] is False
     # pagemill's options and the Beam flags given, not Beam's 200-odd defaults (Dataflow's among them).
     assert len(manifest["options"]) <= 80, sorted(manifest["options"])
@@ -384,5 +384,5 @@ def test_a_duplicate_raw_row_fails_the_checks_and_the_manifest(tmp_path: Path, m
     assert cli.main(["run", "--input", str(tmp_path / "in"), "--output", str(output), "--extract", "false",
                      "--run-id", "dup", "--progress-every-s", "0"]) == 1
     assert "error: documents: 1 key(s) with more than one row" in capsys.readouterr().err
-    manifest = json.loads((output / "runs" / "dup.json").read_text())
+    manifest = json.loads((output / "runs" / "tenant=default" / "dup.json").read_text())
     assert manifest["resumed"] and manifest["duplicate_keys"]["documents"] == 1 and len(manifest["errors"]) == 1

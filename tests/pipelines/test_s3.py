@@ -124,7 +124,7 @@ def test_s3_in_and_out(s3: dict[str, str], mode: list[str]) -> None:
     assert rows["in/missing.pdf"]["reason_code"] == "not_found"
     assert rows["in/notes.txt"]["reason_code"] == "unsupported_format"
     assert rows["in/report.pdf"]["page_count"] == 2
-    manifest = json.loads(client(s3).get_object(Bucket=bucket, Key="out/runs/s1.json")["Body"].read())
+    manifest = json.loads(client(s3).get_object(Bucket=bucket, Key="out/runs/tenant=default/s1.json")["Body"].read())
     assert manifest["documents"] == len(rows)
 
 
@@ -216,7 +216,7 @@ def test_killed_run_resumes_without_duplicates_or_losses(s3: dict[str, str], tmp
         time.sleep(0.02)
     proc.wait(timeout=30)
     # The premise: the run was killed mid-run. It did not exit by itself, some but not all of its rows are
-    # durable, and it wrote no manifest (runs/<run_id>.json is the last thing a finished run writes). On the
+    # durable, and it wrote no manifest (runs/tenant=<t>/<run_id>.json is the last thing a finished run writes). On the
     # DirectRunner today the kill lands with every pages row written and no documents or ledger rows.
     assert proc.returncode == -signal.SIGKILL, f"the run ended by itself (exit {proc.returncode}) before the kill"
     partial = {table: sum(raw_keys(s3, "resume", "out", table, keys).values()) for table, keys in
@@ -225,7 +225,7 @@ def test_killed_run_resumes_without_duplicates_or_losses(s3: dict[str, str], tmp
     assert partial["pages"] >= 1 and sum(partial.values()) < 40 + 80 + 80, partial
     assert c.list_objects_v2(Bucket="resume", Prefix="out/runs/").get("KeyCount", 0) == 0
     assert cli.main(args) == 0
-    assert c.list_objects_v2(Bucket="resume", Prefix="out/runs/k1.json").get("KeyCount", 0) == 1
+    assert c.list_objects_v2(Bucket="resume", Prefix="out/runs/tenant=default/k1.json").get("KeyCount", 0) == 1
     page_keys = raw_keys(s3, "resume", "out", "pages", ("run_id", "doc_sha256", "page_index"))
     doc_keys = raw_keys(s3, "resume", "out", "documents", ("run_id", "source_uri"))
     assert len(doc_keys) == 40 and set(doc_keys.values()) == {1}

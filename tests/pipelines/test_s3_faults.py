@@ -103,7 +103,7 @@ def test_an_object_that_keeps_failing_gets_a_storage_error_row(moto: str, tmp_pa
     assert {name: (d["outcome"], d["reason_code"]) for name, d in docs.items()} == {
         name: ("rendered", None) for name in docs}
     # One document in four failed for a system reason: over --max-failed-fraction 0.05.
-    manifest = json.loads((tmp_path / "out" / "runs" / "f1.json").read_text())
+    manifest = json.loads((tmp_path / "out" / "runs" / "tenant=default" / "f1.json").read_text())
     assert code == manifest["exit_code"] == 1
     assert "1 of 4 documents" in manifest["exit_reason"] and "system reasons" in manifest["exit_reason"]
 

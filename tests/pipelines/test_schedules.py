@@ -140,7 +140,7 @@ def test_since_last_run_lists_only_what_changed(tmp_path: Path) -> None:
     nightly = ["--since-last-run", "true", "--job_name=nightly-test"]
     assert _run(inputs, output, "night-1", *nightly) == 0
     assert _documents(output, "night-1") == old  # no earlier run of this job: everything
-    manifest = json.loads((output / "runs" / "night-1.json").read_text())
+    manifest = json.loads((output / "runs" / "tenant=default" / "night-1.json").read_text())
     assert manifest["options"]["job_name"] == "nightly-test"
     assert manifest["options"]["since_last_run"] is True
 
@@ -160,7 +160,8 @@ def test_since_last_run_lists_only_what_changed(tmp_path: Path) -> None:
     # (here: the new file, minutes old), never the three-day-old ones.
     assert _run(inputs, output, "night-3", *nightly) == 0
     assert _documents(output, "night-3") == {new}
-    started = dt.datetime.fromisoformat(json.loads((output / "runs" / "night-2.json").read_text())["started_at"])
+    second = json.loads((output / "runs" / "tenant=default" / "night-2.json").read_text())
+    started = dt.datetime.fromisoformat(second["started_at"])
     assert os.stat(new).st_mtime >= started.timestamp() - SINCE_LAST_RUN_OVERLAP_S
 
 
@@ -256,10 +257,39 @@ def test_document_cache_without_the_engine(tmp_path: Path) -> None:
     assert all(p["message"].startswith("engine could not start: ") for p in failed)
     assert all(p["extraction"] is None and p["cost_usd"] == 0 for p in failed)
 
-    manifest = json.loads((output / "runs" / "cached.json").read_text())
+    manifest = json.loads((output / "runs" / "tenant=default" / "cached.json").read_text())
     assert manifest["outcomes"] == {"cached": 1, "failed": 1}
     assert manifest["pages"] == {"cached": 3, "failed": 2}
     assert manifest["routes"] == {"cache": 3, "failed": 2}
     assert manifest["page_reasons"] == {"engine_error": 2}
     assert manifest["totals"]["model_calls"] == 0
     assert manifest["totals"]["cost_usd"] == 0
+
+
+def test_a_manifest_planted_in_runs_does_not_move_another_tenants_window(tmp_path: Path) -> None:
+    # Fails before the fix: every `runs/*.json` was read as the run of the tenant it names, so one planted by
+    # whoever could write `runs/` made acme's --since-last-run start in 2099 and list nothing.
+    output = tmp_path / "out"
+    nightly = ["--since-last-run", "true", "--job_name=nightly-test", "--tenant", "acme", "--output", str(output)]
+    o, options = _options(nightly)
+    job = options.view_as(GoogleCloudOptions).job_name
+
+    def manifest(path: Path, run_id: str, started: dt.datetime) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"run_id": run_id, "started_at": started.isoformat(), "tenant": "acme",
+                                    "options": {"tenant": "acme", "job_name": "nightly-test"}}))
+
+    future = dt.datetime(2099, 1, 1, tzinfo=UTC)
+    manifest(output / "runs" / "planted.json", "planted", future)  # old layout, a run id acme never ran
+    manifest(output / "runs" / "tenant=globex" / "g1.json", "g1", future)  # globex's folder, naming acme
+    assert listing_window(o, job, None) == (None, None)  # acme has no finished run of this job yet
+    # acme's own manifests: its folder, and an old-layout one whose run id acme's partitions hold.
+    own, old = dt.datetime(2026, 3, 2, tzinfo=UTC), dt.datetime(2026, 3, 1, tzinfo=UTC)
+    manifest(output / "runs" / "tenant=acme" / "n2.json", "n2", own)
+    assert listing_window(o, job, None)[0] == own.timestamp() - SINCE_LAST_RUN_OVERLAP_S
+    (output / "runs" / "tenant=acme" / "n2.json").unlink()
+    write_rows(partition(str(output), "documents", "acme", "n1"), tables.DOCUMENTS,
+               [{"run_id": "n1", "tenant": "acme", "source_uri": "a", "outcome": "rendered", "created_at": old}])
+    manifest(output / "runs" / "n1.json", "n1", old)
+    assert listing_window(o, job, None)[0] == old.timestamp() - SINCE_LAST_RUN_OVERLAP_S
+    assert {r["run_id"] for r in rows(output, "SELECT run_id FROM runs")} == {"planted", "g1", "n1"}  # all tenants

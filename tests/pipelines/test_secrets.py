@@ -73,7 +73,7 @@ def test_secret_stays_out_of_children_manifest_and_output(tmp_path: Path) -> Non
         assert run.returncode == 0, run.stderr[-3000:]
         said = run.stdout + run.stderr
         assert SECRET not in said, said[max(0, said.find(SECRET) - 400): said.find(SECRET) + 100]
-        manifest = client(s3).get_object(Bucket="sec", Key="out/runs/sec.json")["Body"].read().decode()
+        manifest = client(s3).get_object(Bucket="sec", Key="out/runs/tenant=default/sec.json")["Body"].read().decode()
         assert json.loads(manifest)["documents"] == 2
         assert SECRET not in manifest and s3["key"] not in manifest
         seen = sorted(dumps.glob("env-*.txt"))

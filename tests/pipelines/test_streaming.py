@@ -35,7 +35,7 @@ def test_model_results_come_back_while_pages_are_still_being_ocrd(tmp_path: Path
     early = sum(1 for p in pages if p["extracted_at"] < last_rendered)
     # A barrier before the model would give 0: nothing comes back until every page is OCR'd.
     assert early >= SCANS // 4, f"{early} of {SCANS} pages extracted before the last page left the CPU stages"
-    manifest = json.loads((output / "runs" / "s1.json").read_text())
+    manifest = json.loads((output / "runs" / "tenant=default" / "s1.json").read_text())
     # The manifest's figure agrees: the first result came before the last page was rendered.
     assert manifest["streaming"]["time_to_first_result_s"] < (last_rendered - pages[0]["created_at"]).total_seconds()
     print(f"{early} of {SCANS} extracted before the last page left the CPU stages; {manifest['streaming']}")

@@ -27,7 +27,7 @@ LATE = dt.datetime(2026, 1, 2, tzinfo=dt.UTC)
 def _write(output: Path, tenant: str, run_id: str, created: dt.datetime,
            pages: list[tuple[str, int, str, float]], manifest: bool = True) -> None:
     """One run of one tenant: `pages` = (doc_sha256, page_index, route, cost_usd); one documents row per
-    doc_sha256; `runs/<run_id>.json` unless told not."""
+    doc_sha256; an old-layout `runs/<run_id>.json` (before manifests had tenant folders) unless told not."""
     base = {"run_id": run_id, "tenant": tenant, "created_at": created}
     docs = sorted({p[0] for p in pages})
     documents = [{**base, "source_uri": f"s3://{tenant}/{d}.pdf", "doc_sha256": d, "outcome": "extracted",
@@ -55,7 +55,7 @@ def shared_run_id(tmp_path: Path) -> Path:
     (0.01 + 0.01 + 0.05) / 3."""
     out = tmp_path / "out"
     _write(out, "acme", "r1", EARLY, [("a1", 0, "model", 0.01), ("a1", 1, "model", 0.01)])
-    # (one manifest per run id: the run id's first owner, acme, holds runs/r1.json)
+    # (one manifest per run id: the run id's first owner, acme, holds the old-layout runs/r1.json)
     _write(out, "globex", "r1", LATE, [("g1", 0, "model", 0.05), ("g1", 1, "duplicate", 0.0)], manifest=False)
     _write(out, "globex", "r2", LATE + dt.timedelta(hours=1), [("g2", 0, "cache", 0.0)])
     return out
@@ -134,21 +134,21 @@ def test_another_tenants_run_id_is_refused(tmp_path: Path, capsys: pytest.Captur
     inputs, output = _folder(tmp_path / "in"), tmp_path / "out"
     assert _run(inputs, output, "acme", "shared") == 0
     acme_rows = raw_rows(output, "documents", "shared")
-    manifest = (output / "runs" / "shared.json").read_text()
+    manifest = (output / "runs" / "tenant=acme" / "shared.json").read_text()
     assert {r["tenant"] for r in acme_rows} == {"acme"} and len(acme_rows) == 2
     assert (output / "documents" / "tenant=acme" / "run_id=shared").is_dir()
     capsys.readouterr()
     assert _run(inputs, output, "globex", "shared") == 2
     assert "belongs to another tenant" in capsys.readouterr().err
     assert raw_rows(output, "documents", "shared") == acme_rows
-    assert (output / "runs" / "shared.json").read_text() == manifest
+    assert (output / "runs" / "tenant=acme" / "shared.json").read_text() == manifest
     assert not any(p.name == "tenant=globex" for p in output.rglob("*"))
     # With a partition but no manifest yet (a killed run), the run id is still taken.
-    (output / "runs" / "shared.json").unlink()
+    (output / "runs" / "tenant=acme" / "shared.json").unlink()
     assert _run(inputs, output, "globex", "shared") == 2 and _run(inputs, output, "globex", "own") == 0
     globex = raw_rows(output, "documents", "own", tenant="globex")
     assert sorted(r["outcome"] for r in globex) == ["rendered", "rendered"]  # nothing skipped as acme's
-    assert json.loads((output / "runs" / "own.json").read_text())["documents"] == 2
+    assert json.loads((output / "runs" / "tenant=globex" / "own.json").read_text())["documents"] == 2
 
 
 def test_result_cache_lists_only_the_runs_own_tenant(tmp_path: Path) -> None:

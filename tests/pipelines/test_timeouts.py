@@ -55,7 +55,7 @@ def test_slow_pdf_times_out_and_the_run_goes_on(tmp_path: Path, mode: list[str])
     assert len(slow_pages) == SLOW_PAGES  # every page accounted for: rendered before the deadline, or timeout
     assert {p["reason_code"] for p in slow_pages if p["status"] != "rendered"} == {"timeout"}
     # One slow document in two is a system failure over 5%: the exit code says so, and why.
-    manifest = json.loads((out / "runs" / "t.json").read_text())
+    manifest = json.loads((out / "runs" / "tenant=default" / "t.json").read_text())
     assert manifest["exit_code"] == run.returncode == 1
     assert "failed for system reasons" in manifest["exit_reason"]
     print(f"{mode or 'in_memory'}: {elapsed:.1f} s wall, slow.pdf {slow['outcome']}: {slow['message']}")

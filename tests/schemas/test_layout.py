@@ -9,9 +9,14 @@ from schemas.layout import (
     eval_path,
     is_part_file,
     join_uri,
+    legacy_manifest_path,
+    manifest_path,
+    manifest_run_id,
     markdown_folder,
     part_glob,
     partition,
+    root_problems,
+    run_id_of,
     table_folder,
     tenant_of,
 )
@@ -50,3 +55,16 @@ def test_every_table_has_keys_that_are_columns_of_its_schema() -> None:
     assert set(TABLE_KEYS) == set(tables.TABLES)
     for table, keys in TABLE_KEYS.items():
         assert {"tenant", "run_id"} <= set(keys) <= set(tables.SCHEMAS[table].names)
+
+
+def test_manifests_live_under_their_tenant_and_roots_are_paths() -> None:
+    assert manifest_path("s3://b/out", "acme", "r1") == "s3://b/out/runs/tenant=acme/r1.json"
+    assert legacy_manifest_path("/o", "r1") == "/o/runs/r1.json"
+    assert manifest_run_id("/o/runs/tenant=acme/r1.json") == manifest_run_id("/o/runs/r1.json") == "r1"
+    assert tenant_of(manifest_path("/o", "acme", "r1")) == "acme"
+    assert tenant_of(legacy_manifest_path("/o", "r1")) is None
+    assert run_id_of(partition("/o", "pages", "acme", "r1") + "/part-x.parquet") == "r1" and run_id_of("/o/x") is None
+    assert root_problems("/data/out-1.2_b") == [] and root_problems("s3://bucket/out") == []
+    for root in ("out[12]", "out*", "o?t", "a[b*"):
+        (problem,) = root_problems(root)
+        assert problem.startswith(f"--output {root!r}: an output root is a path, not a pattern")
