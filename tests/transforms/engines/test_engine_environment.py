@@ -49,3 +49,13 @@ def test_making_an_engine_sets_its_environment_before_it_starts(monkeypatch: pyt
     assert engine.llm is None  # not started: the environment is set before the engine exists
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != wrong
     assert engine_environment(SETTINGS, is_cpu_platform(), os.environ) == {}
+
+
+def test_every_engine_caches_the_shared_prompt_and_no_page_image() -> None:
+    """docs/extraction.md's engine settings for every preset: the prefix cache on (the system prompt and the schema
+    are computed once a run), the multi-modal processor cache off (a page reaches the engine once per key)."""
+    from transforms.engines.local import engine_kwargs
+
+    for cpu in (True, False):
+        kwargs = engine_kwargs(SETTINGS, cpu)
+        assert (kwargs["enable_prefix_caching"], kwargs["mm_processor_cache_gb"]) == (True, 0), cpu
