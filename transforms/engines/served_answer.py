@@ -2,13 +2,14 @@
 cap enforced while the body is read, and the response's shape and `usage` counts checked before anything
 is taken from them. An answer that breaks them fails its page as `invalid_response`; never the run.
 
-The cap. A page's answer is at most `--max-tokens` tokens, and no token's text, JSON-escaped in the
-response, comes near BYTES_PER_TOKEN bytes (the longest tokens of byte-level BPE vocabularies are runs of
-whitespace or punctuation well under 128 characters; an escape writes a character as at most 6 bytes, and
-the characters that need it are single-byte tokens). So a body over ENVELOPE_BYTES + BYTES_PER_TOKEN x
-max_tokens (320 KiB at the default 1024) is not an answer to this request: it is read no further, and the
-page fails. The body is read raw (`Accept-Encoding: identity`, no decompression), chunk by chunk, so a
-request holds at most the cap plus one network chunk: `--concurrency 8` holds at most 8 caps.
+The cap. A page's answer is at most `--max-tokens` tokens, and BYTES_PER_TOKEN is a bound on a token's
+text as the response carries it (JSON-escaped), not an estimate: typical tokens are 3-5 bytes; the long
+ones are runs of spaces, newlines or punctuation, and the characters an escape writes as 6 bytes (`\\u0001`)
+are single-byte tokens. A whole answer fails only if its tokens average over 256 bytes. So a body over
+ENVELOPE_BYTES + BYTES_PER_TOKEN x max_tokens (320 KiB at the default 1024) is not an answer to this
+request: it is read no further, and the page fails. The body is read raw (`Accept-Encoding: identity`, no
+decompression), chunk by chunk, so a request holds at most the cap plus one network chunk: `--concurrency 8`
+holds at most 8 caps.
 
 The counts. `usage.prompt_tokens` and `usage.completion_tokens` must be integers (not floats, strings or
 booleans), at least 0; completion_tokens at most the request's max_tokens, prompt_tokens at most
