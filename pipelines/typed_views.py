@@ -205,8 +205,9 @@ def _item_view_sql(view: View) -> str:
 def create(con: duckdb.DuckDBPyConnection, manifests: Iterable[str]) -> None:
     """Create every typed view in `con` (which has `pages`), with `typed_views`, `typed_columns` and
     `typed_unfit`. A view DuckDB refuses becomes the extraction as JSON, with the reason as its note."""
-    seen = dict(con.execute(f"SELECT schema_id, list(DISTINCT schema_hash) FROM pages_all WHERE status = {literal(OK)} "
-                            "AND schema_id IS NOT NULL GROUP BY ALL").fetchall())
+    seen = dict(con.execute(
+        "SELECT schema_id, coalesce(list(DISTINCT schema_hash) FILTER (WHERE schema_hash IS NOT NULL), []) "
+        f"FROM pages_all WHERE status = {literal(OK)} AND schema_id IS NOT NULL GROUP BY ALL").fetchall())
     views, columns = [], []
     for view in plan(seen, schema_files(manifests)):
         try:

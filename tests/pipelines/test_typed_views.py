@@ -207,6 +207,13 @@ def test_tenant_restricts_the_typed_views(tmp_path: Path, capsys: pytest.Capture
     assert sql(capsys, out, "SELECT count(*) AS n FROM invoice_line_items", "--tenant", "acme") == [{"n": 2}]
 
 
+def test_a_page_without_a_schema_hash_is_typed_with_the_schema_found(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    planted.write_pages(out, [{**page(1, GOOD_INVOICE), "schema_hash": None}])
+    assert sql(capsys, out, "SELECT total, issue_date FROM invoice") == [{"total": 1717.44, "issue_date": "2026-11-03"}]
+
+
 HOSTILE = "\u2066\u202eevil\u2069\u200b\x1b]0;pwned\x07\u061c"
 
 
