@@ -17,6 +17,7 @@ shuffles on disk may prefer it).
 """
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any
 from schemas import layout
 from transforms.intake.listing_file import Listing, ReadWave, mark_done, read_listing, write_listing
 
+log = logging.getLogger(__name__)
 _WAVE = re.compile(r"/part-w(\d{5})-[^/]*$")
 
 
@@ -72,32 +74,77 @@ def run_waves(options: Any, settings: Any, run: dict[str, Any], listing: Listing
               on_wave: Callable[[int], None] = lambda wave: None) -> tuple[Waves, dict[str, Any]]:
     """Run the pipeline once per unfinished wave (once in all without a listing). Returns what was done
     and the Beam metrics of every pipeline, summed. Raises what the pipeline raised."""
+    s, metrics = settings, {}
+    done = Waves(total=listing.waves if listing else 1, objects=listing.objects if listing else None)
+    held = EngineHold(s)
+    try:
+        for wave in _waves(listing, done):
+            on_wave(wave)
+            metrics = merge_metrics(metrics, _one_wave(options, s, run, listing, wave, since, until, force))
+            done.ran.append(wave)
+            held.hold()  # the machine's engine (if this wave started it) waits for the next wave
+    finally:
+        held.release()
+    return done, metrics
+
+
+def _one_wave(options: Any, s: Any, run: dict[str, Any], listing: Listing | None, wave: int,
+              since: float | None, until: float | None, force: bool) -> dict[str, Any]:
+    """One wave's pipeline (the whole listing's without a listing), run to its end; its metrics."""
     import apache_beam as beam
 
     from pipelines import graph  # looked up at call time: tests put a failing builder there
     from transforms.output.run_root import run_files, tenant_files
     from transforms.output.write import part_prefix
 
-    s, metrics = settings, {}
-    done = Waves(total=listing.waves if listing else 1, objects=listing.objects if listing else None)
-    for wave in _waves(listing, done):
-        on_wave(wave)
-        documents = run_files(s.output, "documents", s.tenant, run["run_id"])
-        earlier_files = [] if force else tenant_files(s.output, "pages", s.tenant)  # the result cache's source
-        p = beam.Pipeline(options=options)
-        if listing is None:
-            graph.build_pipeline(p, s, run, earlier_files, documents, since, until)
-        else:
-            own, earlier = wave_files(documents, wave)
-            graph.build_pipeline(p, s, run, earlier_files, own, listing=ReadWave(listing.wave_file(wave)),
-                                 earlier_kept=earlier, prefix=part_prefix(wave))
-        result = p.run()
-        result.wait_until_finish()
-        metrics = merge_metrics(metrics, stage_metrics(result))
-        if listing is not None:
-            mark_done(listing.folder, wave)
-        done.ran.append(wave)
-    return done, metrics
+    documents = run_files(s.output, "documents", s.tenant, run["run_id"])
+    earlier_files = [] if force else tenant_files(s.output, "pages", s.tenant)  # the result cache's source
+    p = beam.Pipeline(options=options)
+    if listing is None:
+        graph.build_pipeline(p, s, run, earlier_files, documents, since, until)
+    else:
+        own, earlier = wave_files(documents, wave)
+        graph.build_pipeline(p, s, run, earlier_files, own, listing=ReadWave(listing.wave_file(wave)),
+                             earlier_kept=earlier, prefix=part_prefix(wave))
+    result = p.run()
+    result.wait_until_finish()
+    if listing is not None:
+        mark_done(listing.folder, wave)
+    return stage_metrics(result)
+
+
+class EngineHold:
+    """The launcher's connection to the machine's engine service between waves: the service exits a few
+    seconds after its last worker leaves, and the next wave's workers reach the model only after its intake
+    and dedup, so without it every wave would load the model again. Only a service that a wave started is
+    held (a run that never needs the model never starts one); best effort: a failure only costs a reload."""
+
+    def __init__(self, settings: Any) -> None:
+        self.folder = settings.engine.service_dir if settings.extract is not None and settings.endpoint is None \
+            else None
+        self.settings = settings.engine
+        self.engine: Any = None
+
+    def hold(self) -> None:
+        from pathlib import Path
+
+        if self.engine is not None or not self.folder:
+            return
+        try:
+            from transforms.engines.machine import SOCKET, RemoteEngine
+
+            if not Path(self.folder, SOCKET).exists():  # no wave needed the model yet
+                return
+            engine = RemoteEngine(self.settings)
+            engine._connected()  # connect only: no request is ever sent on it
+            self.engine = engine
+        except Exception as err:  # noqa: BLE001
+            log.warning("could not hold the engine service between waves: %s", err)
+
+    def release(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
 
 
 def _waves(listing: Listing | None, done: Waves) -> Iterator[int]:
