@@ -26,9 +26,10 @@ demo: setup $(TEST_MODEL)/config.json
 lint: setup
 	$(VENV)/bin/ruff check .
 
+# Two pytest-xdist workers, a file's tests on one (tests/conftest.py says what is shared across them).
 test: setup
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q --timeout=600
+	$(PY) -m pytest -q --timeout=600 -n 2 --dist loadfile
 
 bench: setup $(TEST_MODEL)/config.json
 	$(PY) benchmarks/bench_render.py

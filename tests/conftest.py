@@ -1,5 +1,8 @@
-"""Shared fixtures. The tiny test model and the vLLM engine are built once per test session:
-engine start-up dominates the cost of every test that uses it.
+"""Shared fixtures. The tiny test models are built once per test run and the vLLM engine once per test
+session (worker): engine start-up dominates the cost of every test that uses it. `make test` runs the suite on
+two pytest-xdist workers, a file's tests on one worker (`--dist loadfile`: module-scoped runs are made once);
+what several files share across workers (the models, the runs of tests/pipelines/cost_runs.py and
+invoice2data_run.py) is made once per run by `made_once`, whichever worker asks first.
 
 CI strictness: with `CI` set (any non-empty value) a skipped test outside tests/gpu/ is a failure, so a
 missing corpus, a missing tool or a broken install cannot turn the suite green by skipping. Skips made
@@ -7,9 +10,11 @@ at collection time (module-level `pytest.skip`, `pytest.importorskip`) become co
 """
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
-from collections.abc import Iterator
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -74,11 +79,41 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
         _fail_skip(report, collector.nodeid or str(path))
 
 
+def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], object]) -> Path:
+    """The folder `name`, filled by `make(folder)` once per test run: the first caller makes it while any other
+    (another xdist worker) waits on a lock, then every caller reuses it. Callers only read it afterwards."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, which holds every worker's basetemp
+    folder, done = root / "made-once" / name, root / "made-once" / f"{name}.done"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(root / "made-once" / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # what a failed attempt left
+            folder.mkdir()
+            make(folder)
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
-def test_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """`tiny_model(family)`: the folder of pipelines.tiny_models' model of that family, made once per test run
+    (seconds each) and shared by every test that asks for it; tests only read it."""
     from pipelines.tiny_models import make_test_model
 
-    return make_test_model(tmp_path_factory.mktemp("models") / "tiny-qwen2-vl")
+    def get(family: str) -> Path:
+        name = "tiny-qwen2-vl" if family == "qwen2_vl" else f"tiny-{family}"
+        return made_once(tmp_path_factory, name, lambda folder: make_test_model(folder, family=family))
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def test_model_dir(tiny_model: Callable[[str], Path]) -> Path:
+    """The default tiny model (Qwen2-VL): made once per test run; CLI tests pass its path with --model."""
+    return tiny_model("qwen2_vl")
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
-"""Runs shared by test_estimate, test_queries and test_report: made once per test session (the engine start
-and the run dominate their cost), each into its own temp folder.
+"""Runs shared by test_estimate, test_queries and test_report: made once per test run, whichever xdist worker
+asks first (tests.conftest.made_once: the engine start and the run dominate their cost), each into its own
+temp folder.
 
 - `inputs_folder`: invoices (one copied: a duplicate document), two reports that share a terms page (a
   duplicate page), a scan, a PDF whose middle page is 20,000 pt wide (a failed page: `page_too_large`), a
@@ -19,6 +20,7 @@ import pytest
 from pipelines import cli
 from schemas.records import DocumentRecord, PageImage
 from tests import docmaker
+from tests.conftest import made_once
 from transforms.pages.render import RenderSettings, render_document
 
 HTML_NAME = "<img src=x onerror=alert(1)>.pdf"
@@ -28,7 +30,6 @@ HTML_NAME = "<img src=x onerror=alert(1)>.pdf"
 # catches wherever the copies are, and several processes only when a copy lands in the same one.
 RUN_FLAGS = ["--schema", "invoice", "--max-tokens", "384", "--kv-cache-gib", "0.25", "--max-side", "800",
              "--progress-every-s", "0", "--hints", "text_layer", "--detail", "high", "--workers", "1"]
-_made: dict[str, Path] = {}
 
 
 def wide_middle_page_pdf() -> bytes:
@@ -45,21 +46,21 @@ def wide_middle_page_pdf() -> bytes:
     return buf.getvalue()
 
 
+def _write_inputs(root: Path) -> None:
+    (root / "invoice.pdf").write_bytes(docmaker.invoice_pdf())
+    (root / "zz-invoice-copy.pdf").write_bytes(docmaker.invoice_pdf())
+    (root / "report-a.pdf").write_bytes(docmaker.multipage_pdf(2, terms_page=True))
+    (root / "report-b.pdf").write_bytes(docmaker.text_pdf([["Another report", "Different first page"],
+                                                            docmaker.TERMS_LINES]))
+    (root / "scan.png").write_bytes(docmaker.scanned_png())
+    (root / "wide.pdf").write_bytes(wide_middle_page_pdf())
+    (root / "corrupt.pdf").write_bytes(docmaker.truncated_pdf())
+    (root / "notes.txt").write_bytes(b"not a document\n")
+    (root / HTML_NAME).write_bytes(b"<html>not a pdf</html>\n")
+
+
 def inputs_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if "inputs" not in _made:
-        root = tmp_path_factory.mktemp("cost-inputs")
-        (root / "invoice.pdf").write_bytes(docmaker.invoice_pdf())
-        (root / "zz-invoice-copy.pdf").write_bytes(docmaker.invoice_pdf())
-        (root / "report-a.pdf").write_bytes(docmaker.multipage_pdf(2, terms_page=True))
-        (root / "report-b.pdf").write_bytes(docmaker.text_pdf([["Another report", "Different first page"],
-                                                                docmaker.TERMS_LINES]))
-        (root / "scan.png").write_bytes(docmaker.scanned_png())
-        (root / "wide.pdf").write_bytes(wide_middle_page_pdf())
-        (root / "corrupt.pdf").write_bytes(docmaker.truncated_pdf())
-        (root / "notes.txt").write_bytes(b"not a document\n")
-        (root / HTML_NAME).write_bytes(b"<html>not a pdf</html>\n")
-        _made["inputs"] = root
-    return _made["inputs"]
+    return made_once(tmp_path_factory, "cost-inputs", _write_inputs)
 
 
 def blocklist_last_wide_page(folder: Path) -> Path:
@@ -78,23 +79,25 @@ def blocklist_last_wide_page(folder: Path) -> Path:
 def extract_runs(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Path:
     """Output root holding runs t1 and t2 of the tiny model over `inputs_folder` (wide.pdf's last page is on a
     blocklist: quarantined)."""
-    if "extract" not in _made:
-        inputs, output = inputs_folder(tmp_path_factory), tmp_path_factory.mktemp("cost-out")
+    inputs = inputs_folder(tmp_path_factory)
+
+    def make(output: Path) -> None:
         blocklist = blocklist_last_wide_page(tmp_path_factory.mktemp("blocklist"))
         for run_id in ("t1", "t2"):
             code = cli.main(["run", "--input", str(inputs), "--output", str(output), "--run-id", run_id,
                              "--model", str(model_dir), "--model-revision", "tiny", "--blocklist", str(blocklist),
                              *RUN_FLAGS])
             assert code == 0
-        _made["extract"] = output
-    return _made["extract"]
+
+    return made_once(tmp_path_factory, "cost-out", make)
 
 
 def render_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if "render" not in _made:
-        inputs, output = inputs_folder(tmp_path_factory), tmp_path_factory.mktemp("render-out")
+    inputs = inputs_folder(tmp_path_factory)
+
+    def make(output: Path) -> None:
         code = cli.main(["run", "--input", str(inputs), "--output", str(output), "--run-id", "r1",
-                         "--extract", "false", "--max-side", "800", "--progress-every-s", "0"])
+                         "--extract", "false", "--max-side", "800", "--progress-every-s", "0", "--workers", "1"])
         assert code == 0
-        _made["render"] = output
-    return _made["render"]
+
+    return made_once(tmp_path_factory, "render-out", make)

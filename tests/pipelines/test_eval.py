@@ -117,7 +117,7 @@ def extracted(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path) ->
     output = tmp_path_factory.mktemp("out")
     code = cli.main(["run", "--input", str(inputs), "--output", str(output), "--run-id", "e1", "--schema", "invoice",
                      "--model", str(test_model_dir), "--max-tokens", "256", "--kv-cache-gib", "0.25",
-                     "--max-side", "800", "--progress-every-s", "0"])
+                     "--max-side", "800", "--progress-every-s", "0", "--workers", "1"])
     assert code == 0
     return output
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,14 +19,13 @@ from transforms.model.markdown import MARKDOWN_FORMATS
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")]
 MAX_TOKENS = 200  # the front matter: ~75 tokens of the tiny tokenizer, at most 114 (a character each); then the cap
-FLAGS = ["--preset", "olmocr", "--max-tokens", str(MAX_TOKENS), "--kv-cache-gib", "0.25", "--progress-every-s", "0"]
+FLAGS = ["--preset", "olmocr", "--max-tokens", str(MAX_TOKENS), "--kv-cache-gib", "0.25", "--progress-every-s", "0",
+         "--workers", "1"]
 
 
 @pytest.fixture(scope="module")
-def qwen25_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from pipelines.tiny_models import make_test_model
-
-    return make_test_model(tmp_path_factory.mktemp("models") / "tiny-qwen2.5-vl", family="qwen2_5_vl")
+def qwen25_dir(tiny_model: Callable[[str], Path]) -> Path:
+    return tiny_model("qwen2_5_vl")
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ def _hashes(folder: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_test_model(tmp_path_factory.mktemp("tiny") / "model")
+def model_dir(test_model_dir: Path) -> Path:
+    return test_model_dir  # the session's model: make_test_model(folder), as every engine test uses it
 
 
 def test_folder_layout(model_dir: Path) -> None:

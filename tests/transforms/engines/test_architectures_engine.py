@@ -4,7 +4,7 @@ tiles), `--schema markdown`, with the estimate's image tokens equal
 to the engine's own prompt count."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,10 +24,8 @@ pytestmark = [pytest.mark.vllm,
 
 @pytest.fixture(scope="module", params=["llava_next", "internvl", "idefics3"])
 def model(request: pytest.FixtureRequest,
-          tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Engine, EngineSettings, Path]]:
-    from pipelines.tiny_models import make_test_model
-
-    folder = make_test_model(tmp_path_factory.mktemp("models") / f"tiny-{request.param}", family=request.param)
+          tiny_model: Callable[[str], Path]) -> Iterator[tuple[Engine, EngineSettings, Path]]:
+    folder = tiny_model(request.param)
     settings = EngineSettings(model=str(folder), model_revision="test", max_model_len=8192, max_num_seqs=8,
                               gpu_memory_utilization=0.9, tensor_parallel_size=1, limit_mm_per_prompt=1,
                               kv_cache_gib=0.25, enforce_eager=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,11 +19,9 @@ SIZES += [(random.randint(28, 3000), random.randint(28, 3000)) for _ in range(40
 
 @pytest.fixture(scope="module",
                 params=[("llava_next", "<image>"), ("internvl", "<IMG_CONTEXT>"), ("idefics3", "<image>")])
-def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    from pipelines.tiny_models import make_test_model
-
+def tiny(request: pytest.FixtureRequest, tiny_model: Callable[[str], Path]) -> tuple[Path, str]:
     family, token = request.param
-    return make_test_model(tmp_path_factory.mktemp(family) / f"tiny-{family}", family=family), token
+    return tiny_model(family), token
 
 
 def test_qwen_parameters_come_from_the_folder(tmp_path: Path) -> None:
