@@ -30,6 +30,9 @@ class Preset:
     hints: str = "auto"  # text hints in the prompt (olmOCR reads the image alone)
     max_tokens: int = 1024
     max_model_len: int = 8192
+    # transforms/model/prompt.py PROMPT_LAYOUTS: every preset's chat template takes the shared text before the page
+    # image (prefix-cached once a run); a model trained on the image first would pin "image_first" here.
+    prompt_layout: str = "shared_first"
 
     @property
     def output_kind(self) -> str:
@@ -50,7 +53,7 @@ class Preset:
     def options(self) -> dict[str, Any]:
         return {"model": self.model, "model_family": self.model_family, "schema": self.schema,
                 "max_side": self.max_side, "detail": self.detail, "hints": self.hints,
-                "max_tokens": self.max_tokens, "max_model_len": self.max_model_len}
+                "max_tokens": self.max_tokens, "max_model_len": self.max_model_len, "prompt_layout": self.prompt_layout}
 
     def flags(self) -> list[str]:
         return [f"--{k}={v}" for k, v in self.options().items()]
@@ -101,7 +104,8 @@ def listing() -> str:
     lines = []
     for p in PRESETS.values():
         lines += [f"{p.name:<12} {p.description}",
-                  f"{'':<12} model {p.model}; output {p.output_kind} (--schema {p.schema}); prompt {p.prompt}; "
+                  f"{'':<12} model {p.model}; output {p.output_kind} (--schema {p.schema}); prompt {p.prompt} "
+                  f"({p.prompt_layout}); "
                   f"parser {p.parser}; image tokens {p.model_family}; pages at --max-side {p.max_side}, "
                   f"--detail {p.detail}; --max-tokens {p.max_tokens}",
                   f"{'':<12} extracts: {p.extracts}"]

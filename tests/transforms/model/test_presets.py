@@ -27,6 +27,10 @@ def test_preset_sets_options_and_explicit_flags_win() -> None:
     o = options(with_preset(["--max-tokens", "64", "--preset=olmocr", "--model", "/models/tiny"]))
     assert (o.model, o.max_tokens, o.schema) == ("/models/tiny", 64, "olmocr")
     assert with_preset(["--max-tokens", "64"]) == ["--max-tokens", "64"]
+    # Every preset's template takes the shared text first; a flag still picks the old order.
+    assert {p.prompt_layout for p in PRESETS.values()} == {"shared_first"}
+    assert options(with_preset(["--preset", "llava-next", "--prompt-layout", "image_first"])).prompt_layout == \
+        "image_first"
     with pytest.raises(ValueError, match=r"unknown preset 'nope'; known: qwen2\.5-vl, olmocr, llava-next"):
         with_preset(["--preset", "nope"])
 
@@ -48,7 +52,8 @@ def test_presets_command_lists_every_preset(capsys: pytest.CaptureFixture[str]) 
     expected = []
     for p in PRESETS.values():
         expected += [f"{p.name:<12} {p.description}",
-                     f"{'':<12} model {p.model}; output {p.output_kind} (--schema {p.schema}); prompt {p.prompt}; "
+                     f"{'':<12} model {p.model}; output {p.output_kind} (--schema {p.schema}); prompt {p.prompt} "
+                     f"({p.prompt_layout}); "
                      f"parser {p.parser}; image tokens {p.model_family}; pages at --max-side {p.max_side}, "
                      f"--detail {p.detail}; --max-tokens {p.max_tokens}",
                      f"{'':<12} extracts: {p.extracts}"]
