@@ -148,9 +148,9 @@ def error_line(err: Exception) -> str:
 def render(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str) -> str:
     if fmt == "json":  # json.dumps escapes every control character
         return json.dumps([dict(zip(columns, r, strict=True)) for r in rows], default=str, indent=1)
-    if fmt == "csv":  # for a terminal: `pagemill export` writes a CSV file with the values as they are
-        return csv_text(columns, ([_terminal_value(v) for v in r] for r in rows)).rstrip("\n")
     names = [terminal_safe(c) for c in columns]
+    if fmt == "csv":  # for a terminal: `pagemill export` writes a CSV file with the values as they are
+        return csv_text(names, ([_terminal_value(v) for v in r] for r in rows)).rstrip("\n")
     cells = [[_cell(v) for v in r] for r in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(names)]
     lines = [" | ".join(c.ljust(w) for c, w in zip(names, widths, strict=True)),

@@ -224,10 +224,10 @@ def test_terminal_output_escapes_controls_and_bidi_in_every_format(tmp_path: Pat
     shown = "\\u2066\\u202eevil\\u2069\\u200b\\x1b]0;pwned\\x07\\u061c"
     for fmt in ("csv", "table"):
         capsys.readouterr()
-        query = "SELECT vendor_name, line_items FROM invoice"
+        query = 'SELECT vendor_name, line_items, 1 AS "\x1b[2Jname" FROM invoice'
         assert cli.main(["sql", "--output", str(out), "--format", fmt, query]) == 0
         printed = capsys.readouterr().out
-        assert shown in printed, fmt
+        assert shown in printed and "\\x1b[2Jname" in printed, fmt
         assert not any(c in printed for c in "\u2066\u202e\u2069\u200b\x1b\x07\u061c"), fmt
         assert '"description": "Posters"' in printed or '""description"": ""Posters""' in printed  # lists as JSON
     assert sql(capsys, out, "SELECT vendor_name FROM invoice") == [{"vendor_name": HOSTILE}]  # json: the value intact
