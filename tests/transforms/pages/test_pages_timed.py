@@ -17,7 +17,7 @@ from tests import docmaker
 from transforms.child_process import _wait_s, child_env
 from transforms.pages import timed
 from transforms.pages.render import RenderSettings, render_document
-from transforms.pages.timed import RenderLimits, RenderWorker, missing_pages
+from transforms.pages.timed import RenderLimits, RenderWorker, missing_pages, reply_problem
 
 SETTINGS = RenderSettings(dpi=72, max_side=640, jpeg_quality=80, max_text_chars=2000, max_page_points=14400,
                           max_image_pixels=89_478_485, max_bytes=50 * 2**20)
@@ -202,3 +202,15 @@ def test_slow_pdf_is_stopped() -> None:
     timed_out = [r for r in rows if isinstance(r, PageRow) and r.reason_code == "timeout"]
     assert timed_out, "every page rendered within 5 s: the document is not slow on this machine"
     assert elapsed < 60, elapsed  # 30 pages of this stream take minutes when not stopped
+
+
+def test_a_render_reply_must_be_a_new_page_of_its_document() -> None:
+    # The child parses untrusted bytes: a reply that is not a page of this document, or answers a page twice,
+    # fails the document's remaining pages `worker_crashed` (and the child is replaced) instead of being written.
+    doc = _doc(b"x", 3)
+    page = PageRow.of_index(doc.doc_sha256, doc.uri, 1, "failed")
+    assert reply_problem(doc, set(), page) is None
+    assert reply_problem(doc, {1}, page) == "a reply for page 1 of another or an already answered page"
+    assert reply_problem(doc, set(), replace(page, page_index=7)) is not None
+    assert reply_problem(doc, set(), replace(page, doc_sha256="0" * 64)) is not None
+    assert reply_problem(doc, set(), 5) == "a reply of type int"
