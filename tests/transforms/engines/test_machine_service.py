@@ -298,9 +298,10 @@ def test_malformed_frames_and_pickles_end_only_their_connection(folder: Path) ->
     first.close()
 
 
-def test_a_worker_does_not_unpickle_what_the_service_sends(folder: Path) -> None:
-    """A service (a fake one, holding the folder's real key) that answers with a pickle: the worker does not load
-    it; the page in flight fails as a lost connection (the feed resubmits it)."""
+@pytest.mark.parametrize("reply", ["a pickle", "half a frame, then gone"])
+def test_a_worker_does_not_unpickle_what_the_service_sends(folder: Path, reply: str) -> None:
+    """A service (a fake one, holding the folder's real key) that answers with a pickle, or dies mid-frame: the
+    worker loads nothing; the page in flight fails as a lost connection (the feed resubmits it)."""
     engine = StubRemoteEngine(settings(folder))
     marker = folder.parent / "unpickled-by-the-worker"
     from transforms.engines.machine_folder import prepare_folder
@@ -312,8 +313,11 @@ def test_a_worker_does_not_unpickle_what_the_service_sends(folder: Path) -> None
     def fake_service() -> None:
         conn = listener.accept()
         conn.recv_bytes()
-        conn.send(Planted(marker))
-        time.sleep(1)
+        if reply == "a pickle":
+            conn.send(Planted(marker))
+            time.sleep(1)
+        else:
+            conn._send(struct.pack("!i", 1000) + b"0123456789")
         conn.close()
 
     thread = threading.Thread(target=fake_service, daemon=True)
