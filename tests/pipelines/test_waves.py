@@ -55,9 +55,10 @@ def manifest(output: Path, run_id: str) -> dict:
 # Pure ----------------------------------------------------------------------------------------------
 
 def test_wave_chunks_ramp_up_then_full_waves() -> None:
-    assert first_wave(10) == 1 and first_wave(5000) == 500 and first_wave(3) == 1
-    chunks = [len(c) for c in wave_chunks(range(25), 10)]  # type: ignore[arg-type]
-    assert chunks == [1, 10, 10, 4]
+    assert first_wave(10, 11) == 1 and first_wave(5000, 64_000) == 500 and first_wave(3, 4) == 1
+    assert first_wave(5000, 5000) == 5000  # one wave: no ramp
+    assert [len(c) for c in wave_chunks(range(25), 10)] == [1, 10, 10, 4]  # type: ignore[arg-type]
+    assert [len(c) for c in wave_chunks(range(10), 10)] == [10]  # type: ignore[arg-type]
 
 
 def test_wave_files_split_own_and_earlier() -> None:

@@ -7,7 +7,7 @@ last: its presence says the listing is whole), and `wave-00000.done` once that w
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import apache_beam as beam
@@ -47,16 +47,17 @@ def done_marker(folder: str, wave: int) -> str:
     return layout.join_uri(folder, f"wave-{wave:05d}.done")
 
 
-def first_wave(wave_objects: int) -> int:
-    """Pure: the first wave is a tenth of the others (at least 1), so that the first pages reach the disk (and
-    the model) after a tenth of a wave's intake, as in a ramp-up; the later waves are full."""
-    return max(1, wave_objects // 10)
+def first_wave(wave_objects: int, objects: int) -> int:
+    """Pure: when the listing needs more than one wave, the first is a tenth of the others (at least 1), so
+    that the first pages reach the disk (and the model) after a tenth of a wave's intake, as in a ramp-up;
+    the later waves are full. A listing that fits one wave is one wave (each wave starts its workers)."""
+    return wave_objects if objects <= wave_objects else max(1, wave_objects // 10)
 
 
-def wave_chunks(objects: Iterable[ListedObject], wave_objects: int) -> Iterator[list[ListedObject]]:
+def wave_chunks(objects: Sequence[ListedObject], wave_objects: int) -> Iterator[list[ListedObject]]:
     """Pure: consecutive chunks (the listing's order kept): `first_wave` objects, then at most `wave_objects`."""
     chunk: list[ListedObject] = []
-    size = first_wave(wave_objects)
+    size = first_wave(wave_objects, len(objects))
     for obj in objects:
         chunk.append(obj)
         if len(chunk) >= size:
@@ -66,7 +67,7 @@ def wave_chunks(objects: Iterable[ListedObject], wave_objects: int) -> Iterator[
         yield chunk
 
 
-def write_listing(folder: str, objects: Iterable[ListedObject], wave_objects: int) -> Listing:
+def write_listing(folder: str, objects: Sequence[ListedObject], wave_objects: int) -> Listing:
     """Write the objects (in URI order: an earlier wave holds the smaller URIs, so the copy that dedup keeps
     is always in the earliest wave that has one) as wave files, then the completeness marker."""
     waves = count = total = 0
