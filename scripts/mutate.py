@@ -13,6 +13,7 @@ that no test reaches ("no tests") counts as surviving.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -67,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.summary_only:
         children = ["--max-children", str(args.max_children)] if args.max_children > 0 else []
-        run = subprocess.run([sys.executable, "-m", "mutmut", "run", *children, *args.mutants], cwd=REPO, check=False)
+        # mutmut runs the tests from mutants/, one folder deeper: point them at the corpus beside the repository.
+        env = {"PAGEMILL_CORPUS": str(REPO.parent / "shared" / "corpus"), **os.environ}
+        run = subprocess.run([sys.executable, "-m", "mutmut", "run", *children, *args.mutants], cwd=REPO, env=env,
+                             check=False)
         if run.returncode != 0:
             return run.returncode
     results = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=REPO,
