@@ -104,7 +104,7 @@ SAMPLE = {"in/invoice.pdf": docmaker.invoice_pdf(), "in/z/invoice.pdf": docmaker
           "in/bad.pdf": docmaker.truncated_pdf(), "in/notes.txt": b"not a document"}
 
 
-@pytest.mark.parametrize("mode", [[], ["--direct_running_mode=multi_processing", "--direct_num_workers=2"],
+@pytest.mark.parametrize("mode", [["--workers=1"], ["--direct_running_mode=multi_processing", "--direct_num_workers=2"],
                                   ["--runner=PortableRunner", "--job_endpoint=embed", "--environment_type=LOOPBACK"]],
                          ids=["direct", "multiprocess", "portable"])
 def test_s3_in_and_out(s3: dict[str, str], mode: list[str]) -> None:
@@ -132,7 +132,7 @@ def test_listing_over_a_thousand_keys(s3: dict[str, str]) -> None:
     objects = {f"many/{i:05d}.png": b"" for i in range(1050)} | {"many/real.png": docmaker.tiny_png()}
     make_bucket(s3, "many", objects)
     code = cli.main(["run", "--input", "s3://many/many/", "--output", "s3://many/out", "--run-id", "m1",
-                     "--extract", "false", "--progress-every-s", "0", *flags(s3)])
+                     "--extract", "false", "--progress-every-s", "0", "--workers", "1", *flags(s3)])
     assert code == 0
     rows = docs("s3://many/out", s3)
     assert len(rows) == len(objects) == 1051
@@ -242,7 +242,7 @@ def test_second_run_makes_zero_model_calls(s3: dict[str, str], test_model_dir: P
                               "in/zz-dup.pdf": docmaker.invoice_pdf()})
     base = ["run", "--input", "s3://cache/in/", "--output", "s3://cache/out", "--model", str(test_model_dir),
             "--max-tokens", "384", "--kv-cache-gib", "0.25", "--max-side", "640", "--progress-every-s", "0",
-            *flags(s3)]
+            "--workers", "1", *flags(s3)]
     assert cli.main([*base, "--run-id", "first"]) == 0
     assert cli.main([*base, "--run-id", "second"]) == 0
     out = capsys.readouterr().out

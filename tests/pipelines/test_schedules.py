@@ -123,7 +123,7 @@ def _write(path: Path, data: bytes, mtime: float | None = None) -> str:
 
 def _run(inputs: Path, output: Path, run_id: str, *extra: str) -> int:
     return cli.main(["run", "--input", str(inputs), "--output", str(output), "--run-id", run_id,
-                     "--extract", "false", "--max-side", "320", "--progress-every-s", "0", *extra])
+                     "--extract", "false", "--max-side", "320", "--progress-every-s", "0", "--workers", "1", *extra])
 
 
 def _documents(output: Path, run_id: str) -> set[str]:
@@ -224,7 +224,7 @@ def test_document_cache_without_the_engine(tmp_path: Path) -> None:
                 dt.datetime(2024, 1, 1, tzinfo=UTC))
 
     argv = [sys.executable, "-m", "pipelines.cli", "run", "--input", str(inputs), "--output", str(output),
-            *flags, "--run-id", "cached", "--progress-every-s", "0"]
+            *flags, "--run-id", "cached", "--progress-every-s", "0", "--workers", "1"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=540, check=False)
     # Every page that reached the model failed with engine_error: exit 3, after every row was written.

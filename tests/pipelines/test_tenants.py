@@ -125,7 +125,7 @@ def _folder(root: Path) -> Path:
 
 def _run(inputs: Path, output: Path, tenant: str, run_id: str) -> int:
     return cli.main(["run", "--input", str(inputs), "--output", str(output), "--extract", "false",
-                     "--tenant", tenant, "--run-id", run_id, "--progress-every-s", "0"])
+                     "--tenant", tenant, "--run-id", run_id, "--progress-every-s", "0", "--workers", "1"])
 
 
 def test_another_tenants_run_id_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
