@@ -30,6 +30,7 @@ from PIL import Image
 
 from tests.conftest import CORPUS
 from transforms.child_process import python_argv
+from transforms.engines import machine
 from transforms.engines import machine_wire as wire
 from transforms.engines.feed import PageFeed, prepare, sampling_fields
 from transforms.engines.local import Completion, EngineOutput, EngineSettings, Sample
@@ -423,13 +424,28 @@ def test_the_real_service_starts_as_a_module_with_a_safe_path(folder: Path) -> N
 
 
 class ExitingRemoteEngine(StubRemoteEngine):
-    """A service that cannot start: it says why on stderr (its log) and exits."""
+    """A service that cannot start: it says why on stderr (its log) and exits. Counts the worker's attempts to
+    connect made after the service had exited."""
+
+    after_exit = 0
+    proc: subprocess.Popen[bytes] | None = None
 
     def service_argv(self) -> list[str]:
         return python_argv("-c", "import sys; print('ImportError: a broken install', file=sys.stderr); sys.exit(3)")
 
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        self.proc = super()._spawn()
+        return self.proc
 
-def test_a_service_that_exits_at_start_fails_the_request_with_its_error(folder: Path) -> None:
+    def _try_connect(self, authkey: bytes) -> Connection | None:
+        self.after_exit += self.proc is not None and self.proc.poll() is not None
+        return super()._try_connect(authkey)
+
+
+def test_a_service_that_exits_at_start_fails_the_request_with_its_error(folder: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(machine, "CONNECT_TIMEOUT_S", 5.0)  # were the exit missed, this test would end in 5 s
     engine = ExitingRemoteEngine(settings(folder))
     with pytest.raises(RuntimeError, match=r"exited with code 3 .*ImportError: a broken install"):
         engine.submit({"prompt": "p", "multi_modal_data": {"image": Image.new("RGB", (4, 4))}}, FIELDS)
+    assert engine.after_exit <= 1  # it stopped waiting once the service was gone (one try may race the exit)
