@@ -208,10 +208,10 @@ class PageRow:
     pdq_hash: str | None = None
     pdq_hash_low: str | None = None  # of the low-detail rendition: reuse re-checks it as the gate did
     image_tokens_saved: int = 0  # image tokens that sending the page at full detail would have cost more
-    rendered_at: dt.datetime | None = None  # the page left the CPU stages
-    extracted_at: dt.datetime | None = None  # its result came back (cached, duplicate: was available)
     cached_prompt_tokens: int = 0  # prompt tokens the engine took from its prefix cache (not prefilled again)
     stop_reason: str | None = None  # STOP_REASONS: why the last answer ended; None when no model answered
+    rendered_at: dt.datetime | None = None  # the page left the CPU stages
+    extracted_at: dt.datetime | None = None  # its result came back (cached, duplicate: was available)
     # Markdown output (--schema markdown / olmocr, transforms/model/markdown.py): the page text, and the front
     # matter's fields where the format has them. None on JSON rows.
     markdown: str | None = None

@@ -82,11 +82,11 @@ LEDGER = pa.schema([
     ("text_tokens", pa.int64()),
     ("output_tokens", pa.int64()),
     ("image_tokens_saved", pa.int64()),
+    ("cached_prompt_tokens", pa.int64()),
+    ("stop_reason", pa.string()),
     ("attempts", pa.int64()),
     ("gpu_seconds", pa.float64()),
     ("cost_usd", pa.float64()),
-    ("cached_prompt_tokens", pa.int64()),
-    ("stop_reason", pa.string()),
     ("api_equivalent_usd", pa.float64()),
     ("created_at", pa.timestamp("us", tz="UTC")),
 ])
