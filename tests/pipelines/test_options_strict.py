@@ -93,7 +93,7 @@ def test_booleans_bare_negated_and_valued(flags: list[str], expected: tuple[bool
 def test_bare_force_runs(tmp_path: Path) -> None:
     out = tmp_path / "out"
     args = ["run", "--input", str(_inputs(tmp_path)), "--output", str(out), "--run-id", "r", "--no-extract",
-            "--progress-every-s", "0"]
+            "--progress-every-s", "0", "--workers", "1"]
     assert cli.main(args) == 0
     assert cli.main([*args, "--force"]) == 0  # bare: replaces the run rather than failing to parse
     (row,) = raw_rows(out, "documents", "r")

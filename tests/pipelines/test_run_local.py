@@ -314,7 +314,7 @@ def test_job_file_and_cli_override(tmp_path: Path) -> None:
     job = jobs / "nightly.yaml"
     # Relative paths in a job file are relative to the job folder's parent.
     job.write_text("input:\n  - job-in\noutput: out\nextract: false\nrun_id: from-job\nprogress_every_s: 0\n"
-                   "max_side: 500\n")
+                   "max_side: 500\nworkers: 1\n")
     output = tmp_path / "out"
 
     assert cli.main(["run", "--job", str(job)]) == 0
@@ -357,7 +357,7 @@ def test_a_duplicate_raw_row_fails_the_checks_and_the_manifest(tmp_path: Path, m
     inputs = _small_folder(tmp_path / "in", 0)
     output = tmp_path / "out"
     assert cli.main(["run", "--input", str(tmp_path / "in"), "--output", str(output), "--extract", "false",
-                     "--run-id", "dup", "--progress-every-s", "0"]) == 0
+                     "--run-id", "dup", "--progress-every-s", "0", "--workers", "1"]) == 0
     clean = run_counts(str(output), "dup", tenant="default")
     assert clean["errors"] == [] and clean["documents"] == len(inputs)
     (original,) = [r for r in raw_rows(output, "documents", "dup") if r["source_uri"] == inputs[0]]
@@ -382,7 +382,7 @@ def test_a_duplicate_raw_row_fails_the_checks_and_the_manifest(tmp_path: Path, m
     monkeypatch.setattr("transforms.output.run_root.compact_run", lambda *a, **k: {})
     capsys.readouterr()
     assert cli.main(["run", "--input", str(tmp_path / "in"), "--output", str(output), "--extract", "false",
-                     "--run-id", "dup", "--progress-every-s", "0"]) == 1
+                     "--run-id", "dup", "--progress-every-s", "0", "--workers", "1"]) == 1
     assert "error: documents: 1 key(s) with more than one row" in capsys.readouterr().err
     manifest = json.loads((output / "runs" / "tenant=default" / "dup.json").read_text())
     assert manifest["resumed"] and manifest["duplicate_keys"]["documents"] == 1 and len(manifest["errors"]) == 1

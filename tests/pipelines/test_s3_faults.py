@@ -54,7 +54,7 @@ def run(bucket: str, proxy: FaultProxy, output: Path, *extra: str) -> int:
     return cli.main(["run", "--input", f"s3://{bucket}/in/", "--output", str(output), "--run-id", "f1",
                      "--extract", "false", "--hints", "text_layer", "--nsfw-classifier", "none",
                      "--progress-every-s", "0", "--s3-endpoint-url", proxy.url, "--s3-access-key-id", S3["key"],
-                     "--s3-secret-access-key", S3["secret"], "--s3-region", S3["region"], *extra])
+                     "--s3-secret-access-key", S3["secret"], "--s3-region", S3["region"], "--workers", "1", *extra])
 
 
 def documents(output: Path) -> dict[str, dict]:

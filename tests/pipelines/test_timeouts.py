@@ -29,7 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 SLOW_PAGES = 40
 
 
-@pytest.mark.parametrize("mode", [[], ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]],
+@pytest.mark.parametrize("mode", [["--workers=1"],
+                                  ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]],
                          ids=["in_memory", "multi_processing"])
 def test_slow_pdf_times_out_and_the_run_goes_on(tmp_path: Path, mode: list[str]) -> None:
     inputs, out = tmp_path / "in", tmp_path / "out"
@@ -71,7 +72,8 @@ def test_hung_safety_check_times_out_its_document_and_the_run_goes_on(tmp_path: 
     (inputs / "normal.pdf").write_bytes(docmaker.multipage_pdf(1))
     args = ["run", "--input", str(inputs), "--output", str(out), "--run-id", "h", "--extract", "false",
             "--hints", "text_layer", "--nsfw-classifier", "none", "--document-timeout-s", "10",
-            "--safety-check", "tests.transforms.pages.test_work:hangs_in_hangs_pdf", "--progress-every-s", "0"]
+            "--safety-check", "tests.transforms.pages.test_work:hangs_in_hangs_pdf", "--progress-every-s", "0",
+            "--workers", "1"]
     run = subprocess.run([sys.executable, "-m", "pipelines.cli", *args], cwd=REPO, capture_output=True, text=True,
                          timeout=150, env={**os.environ, "PYTHONPATH": str(REPO)})  # the hang guard
     assert run.returncode == 1, run.stderr[-3000:]  # one document in two failed for a system reason
@@ -133,7 +135,7 @@ def test_limits_change_no_documents_row(tmp_path: Path) -> None:
                          ("off", ["--document-timeout-s", "0", "--page-timeout-s", "0"])):
         out = tmp_path / name
         code = cli.main(["run", "--input", f"@{listing}", "--output", str(out), "--run-id", name, "--extract", "false",
-                         "--nsfw-classifier", "none", "--progress-every-s", "0", *limits])
+                         "--nsfw-classifier", "none", "--progress-every-s", "0", "--workers", "1", *limits])
         assert code in (0, 1), name
         rows[name] = {u: {k: v for k, v in r.items() if k not in ("run_id", "created_at")}
                       for u, r in one_row_per(raw_rows(out, "documents", name), "source_uri").items()}
