@@ -29,7 +29,7 @@ lint: setup
 # Two pytest-xdist workers, a file's tests on one (tests/conftest.py says what is shared across them).
 test: setup
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q --timeout=600 -n 2 --dist loadfile
+	$(PY) -m pytest -q --timeout=600 -n 2 --dist loadfile --no-loadscope-reorder
 
 bench: setup $(TEST_MODEL)/config.json
 	$(PY) benchmarks/bench_render.py

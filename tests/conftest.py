@@ -70,6 +70,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
         _fail_skip(report, item.nodeid)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On xdist workers (`make test`): the files that start an engine or are marked slow go first, each file's
+    tests kept together and in order, so that the two workers do not end waiting on one long file. The
+    Makefile passes --no-loadscope-reorder (xdist would otherwise order files by their number of tests)."""
+    if not hasattr(config, "workerinput"):
+        return
+    heavy = {item.path for item in items if item.get_closest_marker("vllm") or item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in heavy)  # stable: the order within each group is kept
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
     outcome = yield
