@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from schemas import layout
 from tests import docmaker
 from tests.conftest import vllm_available
 from transforms.intake.inspection import IntakeLimits, count_pages
@@ -213,27 +214,39 @@ def documents(inputs: Path, pages: dict[str, int]) -> dict[str, str]:
     return sha
 
 
+def resume_with_more(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str], calls: tuple[int, int]) -> None:
+    """One pipeline listing its inputs itself (--wave-objects 0): a finished run, run again under its id with
+    one more document, reads (and sends to the model: `calls`, before and after) that one only. The finished
+    ones are dropped before intake, not read again and answered from the result cache (which compaction would
+    then hide)."""
+    inputs, output = tmp_path / "in", tmp_path / "out"
+    inputs.mkdir()
+    probes = Probes(tmp_path, monkeypatch)
+    flags = ["--wave-objects", "0", *flags]
+    sha = documents(inputs, {"a.pdf": 1, "b.pdf": 2})
+    code, read, model_calls = probes.run(inputs, output, "grow", *flags)
+    assert (code, sorted(read), model_calls) == (0, sorted(sha.values()), calls[0])
+    sha |= documents(inputs, {"c.pdf": 2})
+    code, read, model_calls = probes.run(inputs, output, "grow", *flags)
+    assert (code, read, model_calls) == (0, [sha["c.pdf"]], calls[1])
+    manifest = json.loads(Path(layout.manifest_path(str(output), "default", "grow")).read_text())
+    assert manifest["resumed"] is True and manifest["stage_timings"]["documents_accepted"] == 1
+    assert_one_row_per_key(output, "grow", listed=3, pages=5)
+
+
 @pytest.mark.vllm
 @pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")
 def test_a_resumed_run_reads_and_extracts_only_the_new_documents(tmp_path: Path, test_model_dir: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """One pipeline listing its inputs itself (--wave-objects 0): a finished run, run again under its id
-    with one more document, reads and extracts that one only. The finished ones are dropped before
-    intake, not read again and answered from the result cache (which compaction would then hide)."""
-    inputs, output = tmp_path / "in", tmp_path / "out"
-    inputs.mkdir()
-    probes = Probes(tmp_path, monkeypatch)
-    flags = ["--wave-objects", "0", "--schema", "invoice", "--model", str(test_model_dir), "--model-revision", "tiny",
-             "--max-tokens", "64", "--max-attempts", "1", "--kv-cache-gib", "0.25", "--max-side", "400"]
-    sha = documents(inputs, {"a.pdf": 1, "b.pdf": 2})
-    code, read, model_calls = probes.run(inputs, output, "grow", *flags)
-    assert (code, sorted(read), model_calls) == (0, sorted(sha.values()), 3)
-    sha |= documents(inputs, {"c.pdf": 2})
-    code, read, model_calls = probes.run(inputs, output, "grow", *flags)
-    assert (code, read, model_calls) == (0, [sha["c.pdf"]], 2)  # c's two pages
-    manifest = json.loads((output / "runs" / "tenant=default" / "grow.json").read_text())
-    assert manifest["resumed"] is True and manifest["stage_timings"]["documents_accepted"] == 1
-    assert_one_row_per_key(output, "grow", listed=3, pages=5)
+    flags = ["--schema", "invoice", "--model", str(test_model_dir), "--model-revision", "tiny", "--max-tokens", "64",
+             "--max-attempts", "1", "--kv-cache-gib", "0.25", "--max-side", "400"]
+    resume_with_more(tmp_path, monkeypatch, flags, calls=(1 + 2, 2))  # a's and b's pages, then c's
+
+
+def test_a_resumed_render_only_run_reads_only_the_new_documents(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same without the model (seconds): what intake reads again is the cost a resume must not pay."""
+    resume_with_more(tmp_path, monkeypatch, ["--extract", "false"], calls=(0, 0))
 
 
 def test_a_run_stopped_between_waves_resumes_with_the_unfinished_wave_only(
@@ -256,7 +269,7 @@ def test_a_run_stopped_between_waves_resumes_with_the_unfinished_wave_only(
     probes.fail_wave = None
     code, second, _ = probes.run(inputs, output, "waves", *flags)
     assert (code, sorted(second)) == (0, waves[1])
-    manifest = json.loads((output / "runs" / "tenant=default" / "waves.json").read_text())
+    manifest = json.loads(Path(layout.manifest_path(str(output), "default", "waves")).read_text())
     assert (manifest["waves"]["skipped"], manifest["waves"]["ran"]) == (1, 1)
     assert manifest["stage_timings"]["documents_accepted"] == len(waves[1])
     assert_one_row_per_key(output, "waves", listed=3, pages=5)
