@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from schemas import layout
@@ -76,17 +78,13 @@ def run_waves(options: Any, settings: Any, run: dict[str, Any], listing: Listing
     and the Beam metrics of every pipeline, summed. Raises what the pipeline raised."""
     s, metrics = settings, {}
     done = Waves(total=listing.waves if listing else 1, objects=listing.objects if listing else None)
-    if engine_here(options, s) and listing is not None and len(done.skipped) < listing.waves:
+    if engine_here(options, s) and listing is not None:
         prewarm()
-    held = EngineHold(s)
-    try:
+    with EngineHold(s):  # the machine's engine, once a wave started it, waits for the next wave
         for wave in _waves(listing, done):
             on_wave(wave)
             metrics = merge_metrics(metrics, _one_wave(options, s, run, listing, wave, since, until, force))
             done.ran.append(wave)
-            held.hold()  # the machine's engine (if this wave started it) waits for the next wave
-    finally:
-        held.release()
     return done, metrics
 
 
@@ -130,7 +128,6 @@ def prewarm() -> None:
     engine's start, one after the other otherwise); the model stage's own import then finds it loaded."""
     import importlib
     import os
-    import threading
 
     if os.environ.get("PAGEMILL_NO_PREWARM"):
         return
@@ -138,40 +135,49 @@ def prewarm() -> None:
 
 
 class EngineHold:
-    """The launcher's connection to the machine's engine service between waves: the service exits a few
-    seconds after its last worker leaves, and the next wave's workers reach the model only after its intake
-    and dedup, so without it every wave would load the model again. Only a service that a wave started is
-    held (a run that never needs the model never starts one); best effort: a failure only costs a reload."""
+    """The launcher's connection to the machine's engine service for the whole run: the service exits a few
+    seconds after its last worker leaves, and a wave's workers leave at its end (their shutdown can outlast
+    that on a busy machine) while the next wave's reach the model only after its intake and dedup; without
+    it every wave would load the model again. A thread connects once a wave has started the service (a run
+    that never needs the model never starts one). Best effort: a failure only costs a reload."""
 
     def __init__(self, settings: Any) -> None:
         self.folder = settings.engine.service_dir if settings.extract is not None and settings.endpoint is None \
             else None
         self.settings = settings.engine
         self.engine: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
-    def hold(self) -> None:
-        from pathlib import Path
+    def __enter__(self) -> EngineHold:
+        if self.folder:
+            self._thread = threading.Thread(target=self._watch, name="pagemill-engine-hold", daemon=True)
+            self._thread.start()
+        return self
 
-        if self.engine is not None or not self.folder:
-            return
-        try:
-            from transforms.engines.machine import SOCKET, RemoteEngine
+    def _watch(self) -> None:
+        from transforms.engines.machine import SOCKET, RemoteEngine
 
-            if not Path(self.folder, SOCKET).exists():  # no wave needed the model yet
+        while not self._stop.wait(0.5):
+            if Path(self.folder or "", SOCKET).exists():
+                try:
+                    engine = RemoteEngine(self.settings)
+                    engine._connected()  # connect only: no request is ever sent on it
+                    self.engine = engine
+                except Exception as err:  # noqa: BLE001
+                    log.warning("could not hold the engine service between waves: %s", err)
                 return
-            engine = RemoteEngine(self.settings)
-            engine._connected()  # connect only: no request is ever sent on it
-            self.engine = engine
-        except Exception as err:  # noqa: BLE001
-            log.warning("could not hold the engine service between waves: %s", err)
 
-    def release(self) -> None:
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
         if self.engine is not None:
             self.engine.close()
-            self.engine = None
 
 
 def _waves(listing: Listing | None, done: Waves) -> Iterator[int]:
+    """The waves to run (0 alone without a listing); a finished one is recorded as skipped, never read."""
     if listing is None:
         yield 0
         return

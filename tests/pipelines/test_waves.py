@@ -18,6 +18,7 @@ from PIL import Image
 
 from pipelines import cli, graph
 from pipelines.waves import merge_metrics, wave_files, wave_of
+from tests.conftest import vllm_available
 from tests.pipelines.raw import one_row_per, raw_rows
 from transforms.hints.ocr import OcrResult
 from transforms.intake.dedup import kept_by_sha
@@ -172,3 +173,36 @@ def test_killed_in_the_third_wave_resumes_without_reading_the_first_two(tmp_path
     assert sorted(one_row_per(raw_rows(output, "documents", "k"), "source_uri")) == inputs
     assert len(one_row_per(raw_rows(output, "pages", "k"), "doc_sha256", "page_index")) == 41
     assert m["errors"] == [] and m["exit_code"] == 0
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")
+def test_the_machine_engine_stays_up_across_waves(tmp_path: Path, test_model_dir: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two worker processes feed the machine's engine service; three waves, each boundary made longer than the
+    service's idle exit (the fault: a slow wave start): one engine start for the whole run."""
+    from pipelines import waves
+    from tests import docmaker
+    from transforms.engines.machine import IDLE_EXIT_S
+
+    one_wave = waves._one_wave
+
+    def slow_boundary(*args: object, **kwargs: object) -> dict:
+        time.sleep(IDLE_EXIT_S + 3)  # before the wave's pipeline: longer than the service waits for a worker
+        return one_wave(*args, **kwargs)
+
+    monkeypatch.setattr(waves, "_one_wave", slow_boundary)
+    (tmp_path / "in").mkdir()
+    for i in range(5):
+        (tmp_path / "in" / f"invoice-{i}.pdf").write_bytes(docmaker.invoice_pdf(seed=i))
+    service = tmp_path / "engine"
+    code = cli.main(["run", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--run-id", "e",
+                     "--schema", "invoice", "--model", str(test_model_dir), "--model-revision", "tiny",
+                     "--max-tokens", "32", "--max-attempts", "1", "--kv-cache-gib", "0.25", "--max-side", "600",
+                     "--progress-every-s", "0", "--hints", "text_layer", "--wave-objects", "2",
+                     "--direct_running_mode", "multi_processing", "--direct_num_workers", "2",
+                     "--engine-service-dir", str(service)])
+    assert code == 0
+    assert manifest(tmp_path / "out", "e")["waves"]["ran"] == 3  # 1, 2 and 2 objects
+    starts = (service / "starts").read_text().splitlines()
+    assert len(starts) == 1, starts
