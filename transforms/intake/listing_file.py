@@ -79,8 +79,13 @@ def write_listing(folder: str, objects: Sequence[ListedObject], wave_objects: in
         with FileSystems.create(wave_file(folder, waves)) as handle:
             handle.write(buf.getvalue().to_pybytes())
         waves, count, total = waves + 1, count + len(chunk), total + sum(max(0, o.size) for o in chunk)
-    with FileSystems.create(layout.join_uri(folder, COMPLETE)) as handle:
+    # Last, and whole or not at all (a kill before it leaves no marker: the next attempt lists again).
+    marker = layout.join_uri(folder, COMPLETE)
+    local = "://" not in folder or folder.startswith("file://")
+    with FileSystems.create(marker + ".inprogress" if local else marker) as handle:
         handle.write(f"{waves} {count} {total}\n".encode())
+    if local:
+        FileSystems.rename([marker + ".inprogress"], [marker])
     return Listing(folder, waves, count, total)
 
 
