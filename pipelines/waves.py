@@ -78,8 +78,6 @@ def run_waves(options: Any, settings: Any, run: dict[str, Any], listing: Listing
     and the Beam metrics of every pipeline, summed. Raises what the pipeline raised."""
     s, metrics = settings, {}
     done = Waves(total=listing.waves if listing else 1, objects=listing.objects if listing else None)
-    if engine_here(options, s) and listing is not None:
-        prewarm()
     with EngineHold(s):  # the machine's engine, once a wave started it, waits for the next wave
         for wave in _waves(listing, done):
             on_wave(wave)
@@ -111,27 +109,6 @@ def _one_wave(options: Any, s: Any, run: dict[str, Any], listing: Listing | None
     if listing is not None:
         mark_done(listing.folder, wave)
     return stage_metrics(result)
-
-
-def engine_here(options: Any, s: Any) -> bool:
-    """Whether the model will run in this process: an in-memory DirectRunner run that extracts with vLLM."""
-    from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
-
-    direct = options.view_as(DirectOptions)
-    runner = options.view_as(StandardOptions).runner or "DirectRunner"
-    return (s.extract is not None and s.endpoint is None and not s.engine.service_dir
-            and runner in ("DirectRunner", "direct") and direct.direct_running_mode == "in_memory")
-
-
-def prewarm() -> None:
-    """Import vLLM in a thread while the CPU stages work (a small run's wall time is mostly imports and the
-    engine's start, one after the other otherwise); the model stage's own import then finds it loaded."""
-    import importlib
-    import os
-
-    if os.environ.get("PAGEMILL_NO_PREWARM"):
-        return
-    threading.Thread(target=importlib.import_module, args=("vllm",), name="pagemill-prewarm", daemon=True).start()
 
 
 class EngineHold:
