@@ -118,7 +118,7 @@ def cached_documents(output: str, storage: StorageConfig, docs: dict[str, int], 
     that a run with other --max-tokens or --dpi would extract again."""
     if not docs:
         return set()
-    con = sql.connect(output, storage)
+    con = sql.connect(output, storage, typed=False)
     try:
         con.register("wanted", pa.table({"doc_sha256": list(docs), "page_count": list(docs.values())}))
         rows = con.execute(
@@ -135,7 +135,7 @@ def cached_documents(output: str, storage: StorageConfig, docs: dict[str, int], 
 def measured_output_tokens(output: str, storage: StorageConfig, key: CacheKeyParts) -> tuple[float, int] | None:
     """(mean output tokens, pages) of pages extracted `ok` under `output` for the same tenant, model and schema
     (joined on tenant too: two tenants may hold the same run id)."""
-    con = sql.connect(output, storage)
+    con = sql.connect(output, storage, typed=False)
     try:
         mean, n = con.execute(
             "SELECT avg(l.output_tokens), count(*) FROM ledger l "

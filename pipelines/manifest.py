@@ -37,7 +37,7 @@ def run_counts(output: str, run_id: str, storage: Any = None, tenant: str = "def
     """Counts and totals of one run of one tenant, from its raw Parquet rows (not the views, which keep
     one row per key and so would hide a duplicate). A key with more than one raw row is an error of the
     run: `duplicate_keys` counts them per table and `errors` says what is wrong."""
-    con = sql.connect(output, storage, tenant)
+    con = sql.connect(output, storage, tenant, typed=False)
     try:
         where = "WHERE tenant = ? AND run_id = ?"
         params = [tenant, run_id]

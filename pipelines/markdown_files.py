@@ -45,7 +45,7 @@ def _grouped(rows: Iterable[tuple[Any, ...]]) -> dict[str, list[tuple[int, str |
 def write_markdown(output: str, tenant: str, run_id: str, storage: StorageConfig | None = None) -> int:
     """Write (or leave in place, when unchanged) one file per document of the run that has markdown.
     Returns the number of documents with a file."""
-    con = sql.connect(output, storage, tenant)
+    con = sql.connect(output, storage, tenant, typed=False)
     try:
         rows = con.execute(
             "SELECT doc_sha256, page_index, markdown, status, reason_code FROM pages "

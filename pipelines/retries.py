@@ -29,7 +29,7 @@ def contradictions(output: str, tenant: str, run_id: str, storage: Any, tables: 
     from pipelines import sql
 
     lines = []
-    con = sql.connect(output, storage, tenant)
+    con = sql.connect(output, storage, tenant, typed=False)
     try:
         for table in tables:
             column = IDENTITY.get(table)

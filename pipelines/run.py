@@ -133,7 +133,7 @@ def listing_window(o: Any, job_name: str | None, storage: Any) -> tuple[float | 
 
         query = ("SELECT max(started_at) FROM runs WHERE tenant = ? AND "
                  "coalesce(json_extract_string(manifest, '$.options.job_name'), '') = ?")
-        con = sql.connect(o.output, storage, o.tenant)  # this tenant's manifests only (sql.manifest_files)
+        con = sql.connect(o.output, storage, o.tenant, typed=False)  # this tenant's manifests only (sql.manifest_files)
         try:
             (last,) = con.execute(query, [o.tenant, job_name or ""]).fetchone()
         finally:
