@@ -75,6 +75,20 @@ def memory_kib(pid: int) -> tuple[int, int]:
     return rss, hwm
 
 
+def reap_children(run_pid: int, code: int | None) -> int | None:
+    """Reap every finished child (orphans of a subreaper land here too); the run's exit code once it is reaped."""
+    try:
+        while True:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if not pid:
+                break
+            if pid == run_pid:
+                code = os.waitstatus_to_exitcode(status)
+    except ChildProcessError:
+        pass
+    return code
+
+
 def one_run(pages: int, model: str, root: Path, workers: int | None) -> tuple[float, float, float]:
     """(largest process's peak RSS, the run's peak summed RSS, both MiB; wall seconds) of one run."""
     inputs, output = root / f"in-{pages}", root / f"out-{pages}"
@@ -104,15 +118,7 @@ def one_run(pages: int, model: str, root: Path, workers: int | None) -> tuple[fl
                             os.kill(p, 15)
                         except OSError:
                             pass
-            try:
-                while True:
-                    pid, status = os.waitpid(-1, os.WNOHANG)
-                    if not pid:
-                        break
-                    if pid == proc.pid:
-                        code = os.waitstatus_to_exitcode(status)
-            except ChildProcessError:
-                pass
+            code = reap_children(proc.pid, code)
             time.sleep(0.2)
         wall = time.perf_counter() - t0
         if code != 0:

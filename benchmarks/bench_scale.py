@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_memory import descendants, memory_kib  # noqa: E402 - after the path is set
+from benchmarks.bench_memory import descendants, memory_kib, reap_children  # noqa: E402 - after the path is set
 from benchmarks.bench_render import become_subreaper  # noqa: E402
 
 RENDER_ONLY = ["--extract", "false", "--nsfw-classifier", "none", "--hints", "none"]
@@ -115,15 +115,7 @@ def one_run(inputs: Path, n: int, root: Path, wave_objects: str | None, extra: S
         largest = max([largest] + [h for _, h in sizes])
         if first is None and first_part(pages):
             first = time.perf_counter() - t0
-        try:
-            while True:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-                if not pid:
-                    break
-                if pid == proc.pid:
-                    code = os.waitstatus_to_exitcode(status)
-        except ChildProcessError:
-            pass
+        code = reap_children(proc.pid, code)
         time.sleep(0.2)
     wall = time.perf_counter() - t0
     reader.join(timeout=5)
