@@ -23,7 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 NOT_RUN = {"not checked", "skipped", "check was interrupted by user"}
-LINE = re.compile(r"^\s*(transforms\.\w+)\.\S+__mutmut_\d+: (.+?)\s*$")
+# A mutant is `<module>.x_<function>__mutmut_<n>` or `<module>.xǁ<Class>ǁ<method>__mutmut_<n>`.
+LINE = re.compile(r"^\s*(transforms(?:\.\w+)*?)\.x[_ǁ]\S*__mutmut_\d+: (.+?)\s*$")
 
 
 def summarise(results: str) -> dict[str, Counter[str]]:
@@ -37,25 +38,25 @@ def summarise(results: str) -> dict[str, Counter[str]]:
 
 
 def table(by_module: dict[str, Counter[str]]) -> list[str]:
-    lines = [f"{'module':<22} {'killed':>7} {'checked':>8} {'score':>6}  survivors"]
+    lines = [f"{'module':<28} {'killed':>7} {'checked':>8} {'score':>6}  survivors"]
     for module, counts in sorted(by_module.items()):
         checked = sum(n for s, n in counts.items() if s not in NOT_RUN)
         killed = sum(n for s, n in counts.items() if s in KILLED)
         others = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()) if s not in KILLED and s not in NOT_RUN)
         score = f"{100 * killed / checked:.0f}%" if checked else "-"
-        lines.append(f"{module:<22} {killed:>7} {checked:>8} {score:>6}  {others}")
+        lines.append(f"{module:<28} {killed:>7} {checked:>8} {score:>6}  {others}")
     return lines
 
 
 def markdown(by_module: dict[str, Counter[str]]) -> list[str]:
-    lines = ["| module | mutants run | killed (timeouts) | score | survived | no unit test reaches |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| module | mutants run | killed (timeouts) | score | survived | no unit test reaches | not run |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for module, counts in sorted(by_module.items()):
         checked = sum(n for s, n in counts.items() if s not in NOT_RUN)
         killed = sum(n for s, n in counts.items() if s in KILLED)
         score = f"{100 * killed / checked:.0f}%" if checked else "-"
         lines.append(f"| `{module.replace('.', '/')}.py` | {checked} | {killed} ({counts['timeout']}) | {score} | "
-                     f"{counts['survived']} | {counts['no tests']} |")
+                     f"{counts['survived']} | {counts['no tests']} | {sum(counts[s] for s in NOT_RUN)} |")
     return lines
 
 
