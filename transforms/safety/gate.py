@@ -22,6 +22,7 @@ with the note `<check>:skipped_no_raster` in `flag_detail`. Blocklists and other
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -225,8 +226,10 @@ def screen_page(page: PageImage, checks: Checks, low_side: int) -> tuple[PageIma
 
 
 def quarantined_page(page: PageImage, verdict: Verdict) -> PageRow:
+    """The row of a page stopped here: it was rendered, and it leaves the CPU stages now (`rendered_at`)."""
     return PageRow.of_page(page, QUARANTINED, hinted=False, reason_code=verdict.reason_code,
                            message=verdict.message[:500], route="quarantined",
+                           rendered_at=page.rendered_at or dt.datetime.now(dt.UTC),
                            quarantine_detail=json.dumps(dict(verdict.detail), sort_keys=True))
 
 

@@ -151,6 +151,7 @@ def test_gate_quarantines_with_list_and_distance(tmp_path: Path) -> None:
     detail = json.loads(row.quarantine_detail or "{}")
     assert detail["kind"] == "pdq" and detail["list"].endswith("list.txt") and 0 <= detail["distance"] <= 31
     assert row.pdq_hash == checked.pdq_hash and row.extraction is None
+    assert row.rendered_at is not None  # it was rendered: every rendered page has rendered_at
     # A clean page passes, with its PDQ hash for the pages table.
     clean, none = screen_page(page_of(encode(photo(4))), load_checks(cfg), low_side=0)
     assert none is None and clean.pdq_hash is not None
