@@ -75,6 +75,13 @@ def memory_kib(pid: int) -> tuple[int, int]:
     return rss, hwm
 
 
+def tree_memory_kib(root: int) -> tuple[list[int], int, int]:
+    """The processes below `root`, their summed RSS now and the largest one's peak RSS (KiB)."""
+    pids = [p for p in descendants(root) if p != root]
+    sizes = [memory_kib(p) for p in pids]
+    return pids, sum(r for r, _ in sizes), max([0] + [h for _, h in sizes])
+
+
 def reap_children(run_pid: int, code: int | None) -> int | None:
     """Reap every finished child (orphans of a subreaper land here too); the run's exit code once it is reaped."""
     try:
@@ -105,12 +112,10 @@ def one_run(pages: int, model: str, root: Path, workers: int | None) -> tuple[fl
         code: int | None = None  # the run's exit status, taken where it is reaped
         me = os.getpid()
         while True:
-            pids = [p for p in descendants(me) if p != me]
+            pids, tree_rss, tree_hwm = tree_memory_kib(me)
             if not pids:
                 break
-            sizes = [memory_kib(p) for p in pids]
-            total = max(total, sum(r for r, _ in sizes))
-            largest = max([largest] + [h for _, h in sizes])
+            total, largest = max(total, tree_rss), max(largest, tree_hwm)
             if code is not None:  # the run is over; what it left (an idle engine service) is stopped
                 for p in pids:
                     if p != proc.pid:

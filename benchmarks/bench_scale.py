@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_memory import descendants, memory_kib, reap_children  # noqa: E402 - after the path is set
+from benchmarks.bench_memory import reap_children, tree_memory_kib  # noqa: E402 - after the path is set
 from benchmarks.bench_render import become_subreaper  # noqa: E402
 
 RENDER_ONLY = ["--extract", "false", "--nsfw-classifier", "none", "--hints", "none"]
@@ -107,12 +107,10 @@ def one_run(inputs: Path, n: int, root: Path, wave_objects: str | None, extra: S
     code: int | None = None
     me = os.getpid()
     while True:
-        pids = [p for p in descendants(me) if p != me]
+        pids, tree_rss, tree_hwm = tree_memory_kib(me)
         if not pids:
             break
-        sizes = [memory_kib(p) for p in pids]
-        peak = max(peak, sum(r for r, _ in sizes))
-        largest = max([largest] + [h for _, h in sizes])
+        peak, largest = max(peak, tree_rss), max(largest, tree_hwm)
         if first is None and first_part(pages):
             first = time.perf_counter() - t0
         code = reap_children(proc.pid, code)
