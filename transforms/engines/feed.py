@@ -131,7 +131,7 @@ def prepare(task: PageTask, tokenizer: Any, cfg: ExtractConfig, controls: Sequen
             message=f"prompt needs {text_tokens} text tokens + {cfg.max_tokens} output tokens; "
                     f"max_model_len is {cfg.max_model_len}"))
     if size != img.size:
-        img = page_pixels(task.page.image, task.page.detail_side, size)
+        img = img.resize(size, Image.Resampling.LANCZOS)  # as page_pixels does with a size (no second decode)
     source = PageSource(task.page.image, task.page.detail_side, size)
     return Request({"prompt": text, "multi_modal_data": {"image": img}, "page": source}, text_tokens, img.width,
                    img.height)
@@ -295,14 +295,15 @@ class PageFeed:
         req, result, done = item
         if result.done() or done.done() or req.pending is not done:
             return  # answered in time (or already handled by the driver)
+        req.attempts += 1
+        late = failed("engine_timeout", f"attempt {req.attempts}: no answer within --answer-timeout-s "
+                                        f"{self.cfg.answer_timeout_s:g} s")
+        # The page ends first: the aborted future's callback then finds it ended, not an engine that died.
+        self._finish(req, result, replace(late, stop_reason="deadline"))
         try:
             self.engine.abort(done)
         except Exception as err:  # noqa: BLE001 - an engine that cannot abort finishes the request unread
             log.warning("engine abort: %s: %s", type(err).__name__, err)
-        req.attempts += 1
-        late = failed("engine_timeout", f"attempt {req.attempts}: no answer within --answer-timeout-s "
-                                        f"{self.cfg.answer_timeout_s:g} s")
-        self._finish(req, result, replace(late, stop_reason="deadline"))
 
     def _drive(self) -> None:
         while True:

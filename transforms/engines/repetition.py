@@ -97,4 +97,7 @@ def aborted(aborts: queue.SimpleQueue[Future[Any]], in_flight: Mapping[str, Stre
             wanted.append(aborts.get_nowait())
     except queue.Empty:
         pass
-    return [rid for rid, a in in_flight.items() if any(a.future is f for f in wanted)]
+    if not wanted:
+        return []
+    ids = {id(f) for f in wanted}
+    return [rid for rid, a in in_flight.items() if id(a.future) in ids]

@@ -186,6 +186,9 @@ class OpenAIEngine:
         self._ids = itertools.count()
         self._down: str | None = None  # why the endpoint is taken for dead; then every request fails at once
 
+    def abort(self, future: Any) -> None:
+        """Nothing to free: an HTTP request runs out on its own (its --timeout); the feed has ended the page."""
+
     @property
     def busy_seconds(self) -> float:
         return self._shares.busy_seconds

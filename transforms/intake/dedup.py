@@ -64,14 +64,12 @@ def read_kept(files: Sequence[str]) -> dict[str, str]:
     import pyarrow.parquet as pq
     from apache_beam.io.filesystems import FileSystems
 
-    kept: dict[str, str] = {}
-    for path in files:
+    def rows(path: str) -> list[dict[str, Any]]:
         with FileSystems.open(path) as handle:
             table = pq.read_table(pa.BufferReader(handle.read()), columns=["doc_sha256", "source_uri", "outcome"])
-        for sha, uri in kept_by_sha(table.to_pylist()).items():
-            if sha not in kept or uri < kept[sha]:
-                kept[sha] = uri
-    return kept
+        return table.to_pylist()
+
+    return kept_by_sha(row for path in files for row in rows(path))
 
 
 def duplicate_row(doc: DocumentRecord, kept_uri: str) -> DocumentRow:

@@ -191,11 +191,6 @@ def load_checks(cfg: SafetyConfig, lists: Blocklists | None = None) -> Checks:
     return Checks(lists, BlocklistCheck(lists, cfg.pdq_threshold), others)
 
 
-def renditions(image: Image.Image, low_side: int) -> list[tuple[str, str | None]]:
-    """(name, usable PDQ) of each image the model may be sent: as rendered, and at low detail."""
-    return named_renditions(image.size, low_side, *pdq_hashes(image, low_side))
-
-
 def screen_page(page: PageImage, checks: Checks, low_side: int) -> tuple[PageImage, Verdict | None]:
     """The page with its PDQ hash, and the first verdict against it (None: it may go on). Pure apart
     from what the checks themselves do; a check that raises gives a `safety_check_error` verdict.

@@ -172,9 +172,10 @@ def test_low_detail_rendition_is_checked_too(tmp_path: Path) -> None:
             seen.append(image.size)
             return None
 
-    from transforms.safety.gate import renditions
+    from transforms.safety.gate import named_renditions, pdq_hashes
 
-    names = [name for name, _ in renditions(Image.open(io.BytesIO(page.image)), 300)]
+    image = Image.open(io.BytesIO(page.image))
+    names = [name for name, _ in named_renditions(image.size, 300, *pdq_hashes(image, 300))]
     assert names == ["page", "page at low detail"]
     screen_page(page, Checks(checks.lists, checks.blocklist, [Spy()]), low_side=300)
     assert seen == [(page.width, page.height)]
