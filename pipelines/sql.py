@@ -45,16 +45,22 @@ def manifest_files(fs: pafs.FileSystem, root: str, tenant: str | None = None) ->
     """(path, the tenant its folder names) of the manifests of `tenant`'s runs (None: every tenant's):
     `runs/tenant=<t>/<id>.json`, and an old-layout `runs/<id>.json` only for a run id that the tenant's own
     partitions hold and that has no new-layout manifest: a file planted in `runs/` speaks for no one else."""
-    def jsons(folder: str, recursive: bool) -> list[str]:
-        found = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True, recursive=recursive))
-        return sorted(i.path for i in found if i.type == pafs.FileType.File and i.path.endswith(".json"))
+    def jsons(folder: str) -> list[str]:
+        infos = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True, recursive=True))
+        return sorted(i.path for i in infos if i.type == pafs.FileType.File and i.path.endswith(".json"))
+
+    def folder_tenant(path: str) -> str | None:  # the file's own folder only: the root may hold `tenant=` too
+        return layout.tenant_of(path.rsplit("/", 2)[-2])
 
     runs = layout.join_uri(root, "runs")
-    new = [(path, layout.tenant_of(path)) for path in jsons(runs, True)
-           if layout.tenant_of(path) is not None and tenant in (None, layout.tenant_of(path))]
+    found = jsons(runs)
+    new = [(path, folder_tenant(path)) for path in found
+           if folder_tenant(path) is not None and tenant in (None, folder_tenant(path))]
     written = {layout.manifest_run_id(path) for path, _ in new}
     owned = {layout.run_id_of(path) for path in table_files(fs, root, "documents", tenant)} if tenant else set()
-    legacy = [(path, None) for path in jsons(runs, False) if layout.manifest_run_id(path) not in written
+    top = runs.rstrip("/")
+    legacy = [(path, None) for path in found if path.rsplit("/", 1)[0] == top
+              and layout.manifest_run_id(path) not in written
               and (tenant is None or layout.manifest_run_id(path) in owned)]
     return new + legacy
 

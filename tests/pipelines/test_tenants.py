@@ -179,3 +179,20 @@ def test_identifier_rule_accepts_the_generated_and_usual_ids() -> None:
 
     for good in (new_run_id(), "nightly-2026.01.02", "acme_corp", "A1"):
         assert check_identifier("--run-id", good) is None, good
+
+
+def test_a_tenant_folder_in_the_output_root_names_no_manifest(tmp_path: Path) -> None:
+    """An old-layout `runs/<id>.json` under a root that itself holds `tenant=acme` speaks for no tenant: only
+    the manifest's own folder names one."""
+    import pyarrow.fs as pafs
+
+    from pipelines.sql import manifest_files
+
+    root = tmp_path / "tenant=acme" / "out"
+    (root / "runs" / "tenant=default").mkdir(parents=True)
+    (root / "runs" / "tenant=default" / "r1.json").write_text("{}")
+    (root / "runs" / "r0.json").write_text("{}")
+    fs = pafs.LocalFileSystem()
+    assert manifest_files(fs, str(root), "acme") == []
+    assert manifest_files(fs, str(root), None) == [(str(root / "runs" / "tenant=default" / "r1.json"), "default"),
+                                                   (str(root / "runs" / "r0.json"), None)]
