@@ -96,6 +96,9 @@ def manifest_tenants(output: str, run_id: str) -> set[str]:
     try:
         matched = FileSystems.match([manifest_path(output, "*", run_id)])[0].metadata_list
         found.update(layout.tenant_of(m.path) for m in matched)
+    except (OSError, ValueError):
+        pass  # nothing written under runs/tenant=* yet; the old layout is still read below
+    try:
         if FileSystems.exists(uri):
             with FileSystems.open(uri) as handle:
                 m = json.loads(handle.read())
