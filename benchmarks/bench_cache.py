@@ -37,14 +37,14 @@ sys.path.insert(0, str(REPO))
 from apache_beam.io.filesystems import FileSystems  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from pipelines.options import PagemillOptions  # noqa: E402
-from pipelines.settings import run_settings  # noqa: E402
+from pipelines.run.options import PagemillOptions  # noqa: E402
+from pipelines.run.settings import run_settings  # noqa: E402
 from schemas import tables  # noqa: E402
 from schemas.layout import partition  # noqa: E402
 from transforms.output.write import write_rows  # noqa: E402
 
 # A hub-id-shaped name that does not exist. A missing *local* path ("/nonexistent/model") is refused by the
-# CLI's pre-flight (pipelines/option_checks.py) before the pipeline starts, even when every document is
+# CLI's pre-flight (pipelines/run/option_checks.py) before the pipeline starts, even when every document is
 # cached; a name shaped like org/name passes pre-flight and would only fail if the engine ever started.
 MODEL = "nonexistent-org/nonexistent-model"
 SCHEMA = "invoice"

@@ -40,9 +40,9 @@ from schemas.records import DocumentRecord, PageImage  # noqa: E402
 from tests.conftest import corpus_dir  # noqa: E402
 from transforms.child_process import python_argv  # noqa: E402
 from transforms.engines import machine_wire as wire  # noqa: E402
-from transforms.engines.feed import PageSource, page_pixels  # noqa: E402
 from transforms.engines.local import Completion, EngineOutput, EngineSettings, Sample  # noqa: E402
 from transforms.engines.machine import SOCKET, RemoteEngine, serve  # noqa: E402
+from transforms.extract.feed import PageSource, page_pixels  # noqa: E402
 from transforms.pages.render import RenderSettings, render_document  # noqa: E402
 
 FIELDS = {"temperature": 0.0, "top_p": 1.0, "max_tokens": 64, "json": {"type": "object"}}

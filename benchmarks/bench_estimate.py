@@ -3,7 +3,7 @@
 Writes N files into a temp folder (default 10,000): one-page invoices and three-page reports (PDF, with a
 text layer), scanned-looking PNGs, 10 % byte-identical copies (dedup), 2 % truncated PDFs and 2 % random
 bytes (rejected). Every file is distinct unless it is meant as a copy (a counter is appended after the
-end of the PDF or PNG). Then runs `pipelines.estimate.estimate` in this process (no pipeline, no model;
+end of the PDF or PNG). Then runs `pipelines.estimate.estimate.estimate` in this process (no pipeline, no model;
 the tiny test model's tokenizer unless --model is given) and prints the time of each phase, objects/s
 and the 100,000-object figure extrapolated linearly (listing, reading and measuring are per object).
 
@@ -24,9 +24,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from pipelines.estimate import estimate  # noqa: E402
-from pipelines.options import PagemillOptions  # noqa: E402
-from pipelines.storage import StorageConfig  # noqa: E402
+from pipelines.estimate.estimate import estimate  # noqa: E402
+from pipelines.run.options import PagemillOptions  # noqa: E402
+from pipelines.run.storage import StorageConfig  # noqa: E402
 from tests import docmaker  # noqa: E402
 
 

@@ -2,15 +2,15 @@
 
 Renders N pages (generated invoices and report pages from tests/docmaker.py, or pages taken from the PDFs
 and images under --input) with transforms.pages.render.render_document, keys them with
-transforms.model.extract.make_task (one page per cache key, as the pipeline does), starts a
+transforms.extract.stage.make_task (one page per cache key, as the pipeline does), starts a
 transforms.engines.local.Engine, extracts one warm-up page outside the timed part, then streams the pages
-through transforms.engines.feed (the pipeline's feed: one request per page, at most --max-in-flight pages in
+through transforms.extract.feed (the pipeline's feed: one request per page, at most --max-in-flight pages in
 flight) and prints:
 
   engine start seconds, pages, pages/s, prompt and output tokens/s (the engine's own token counts), the
   engine busy fraction (seconds inside engine steps / extraction wall), ok/invalid/failed counts,
   $ per 1M pages at --gpu-hourly-usd (extraction wall per page), and the hosted-API list price for the same
-  pages (transforms.model.extract.to_rows's api_equivalent_usd) per 1M pages, with the ratio of the two.
+  pages (transforms.extract.stage.to_rows's api_equivalent_usd) per 1M pages, with the ratio of the two.
 
 Prints figures; asserts nothing about time. With --json the last stdout line is one JSON object.
 
@@ -44,14 +44,14 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from schemas.extraction import load_schema  # noqa: E402
 from schemas.records import DocumentRecord, ExtractionResult, ListedObject, PageImage, PageTask  # noqa: E402
-from transforms.engines.feed import extract_all  # noqa: E402
 from transforms.engines.local import Engine, EngineSettings, is_cpu_platform  # noqa: E402
+from transforms.extract.feed import extract_all  # noqa: E402
+from transforms.extract.stage import ExtractConfig, make_task, to_rows  # noqa: E402
 from transforms.intake.inspection import IntakeLimits, inspect_document  # noqa: E402
 from transforms.model import budget  # noqa: E402
-from transforms.model.extract import ExtractConfig, make_task, to_rows  # noqa: E402
 from transforms.pages.render import RenderSettings, render_document  # noqa: E402
 
-# The pipeline's defaults (pipelines/options.py) except max_side, which is a flag here.
+# The pipeline's defaults (pipelines/run/options.py) except max_side, which is a flag here.
 MAX_BYTES = 50 * 2**20
 LIMITS = IntakeLimits(max_bytes=MAX_BYTES, max_pages=5000, max_image_pixels=89_478_485)
 WARMUP_SEED = 90_000  # an invoice that is not among the measured pages

@@ -32,7 +32,7 @@ FLAGS = ["--schema", "invoice", "--max-tokens", "256", "--progress-every-s", "0"
 
 
 def figures(output: Path, run_id: str) -> dict[str, Any]:
-    from pipelines import sql
+    from pipelines.tables import sql
 
     def one(query: str) -> list[Any]:
         return list(sql.query(str(output), query)[1])

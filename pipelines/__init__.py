@@ -1,5 +1,5 @@
 """Whole pipelines and the command line. `pipelines.read(output, schema)` is a typed view as an Arrow
-table for notebooks (pipelines/export.py); it is imported on first use, so importing a submodule of
+table for notebooks (pipelines/tables/export.py); it is imported on first use, so importing a submodule of
 `pipelines` does not load DuckDB."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 def __getattr__(name: str) -> Any:
     if name == "read":
-        from pipelines.export import read
+        from pipelines.tables.export import read
 
         return read
     raise AttributeError(f"module 'pipelines' has no attribute {name!r}")

@@ -26,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE)
         return 0 if args else 2
     command, rest = args[0], args[1:]
-    from pipelines.storage import secrets_warning
+    from pipelines.run.storage import secrets_warning
 
     warning = secrets_warning(rest)
     if warning:
@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "sql":
         return sql_command(rest)
     if command == "export":
-        from pipelines.export import command as export
+        from pipelines.tables.export import command as export
 
         return export(rest)
     if command == "make-test-model":
@@ -55,9 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_command(argv: Sequence[str]) -> int:
-    """Parse the run's flags (command line, --job file, --preset, storage) and hand them to pipelines/run.py."""
-    from pipelines.options import OptionError, PagemillOptions, local_workers_flags, merge_flags
-    from pipelines.storage import add_storage_args, storage_from
+    """Parse the run's flags (command line, --job file, --preset, storage) and hand them to pipelines/run/run.py."""
+    from pipelines.run.options import OptionError, PagemillOptions, local_workers_flags, merge_flags
+    from pipelines.run.storage import add_storage_args, storage_from
     from transforms.model.presets import with_preset
 
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
@@ -93,7 +93,7 @@ def run_command(argv: Sequence[str]) -> int:
     if not o.input or not o.output:
         print("pagemill run: --input and --output are required (or a --job file that sets them)", file=sys.stderr)
         return 2
-    from pipelines.run import run
+    from pipelines.run.run import run
 
     return run(options, storage)
 
@@ -107,8 +107,8 @@ def usable_cores() -> int:
 
 
 def sql_command(argv: Sequence[str]) -> int:
-    from pipelines import sql
-    from pipelines.storage import add_storage_args, configure, storage_from
+    from pipelines.run.storage import add_storage_args, configure, storage_from
+    from pipelines.tables import sql
 
     parser = argparse.ArgumentParser(prog="pagemill sql")
     parser.add_argument("--output", default=None, help="output root that `pagemill run` wrote")
@@ -120,13 +120,13 @@ def sql_command(argv: Sequence[str]) -> int:
     add_storage_args(parser)
     args = parser.parse_args(argv)
     if args.list_queries:
-        from pipelines.queries import listing
+        from pipelines.tables.queries import listing
 
         print(listing())
         return 0
     if not args.output or (args.query is None) == (args.named is None):
         parser.error("--output and exactly one of QUERY or --query NAME are required")
-    from pipelines.options import check_identifier
+    from pipelines.run.options import check_identifier
 
     bad = check_identifier("--tenant", args.tenant)
     if bad:
@@ -136,7 +136,7 @@ def sql_command(argv: Sequence[str]) -> int:
     configure(storage)
     try:
         if args.named:
-            from pipelines import queries
+            from pipelines.tables import queries
 
             columns, rows = queries.run(args.output, args.named, storage, tenant=args.tenant)
         else:
@@ -149,19 +149,19 @@ def sql_command(argv: Sequence[str]) -> int:
 
 
 def estimate_command(argv: Sequence[str]) -> int:
-    from pipelines.estimate_cli import command
+    from pipelines.estimate.command import command
 
     return command(argv)
 
 
 def eval_command(argv: Sequence[str]) -> int:
-    from pipelines.eval import command
+    from pipelines.tables.eval import command
 
     return command(argv)
 
 
 def report_command(argv: Sequence[str]) -> int:
-    from pipelines.report import command
+    from pipelines.tables.report import command
 
     return command(argv)
 

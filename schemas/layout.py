@@ -71,7 +71,7 @@ def manifest_path(output: str, tenant: str, run_id: str) -> str:
 
 def legacy_manifest_path(output: str, run_id: str) -> str:
     """Where manifests were written before they had a tenant folder (`runs/<run_id>.json`): still read,
-    but only as the run of the tenant whose partitions hold that run id (pipelines/sql.py manifest_files)."""
+    but only as the run of the tenant whose partitions hold that run id (pipelines/tables/sql.py manifest_files)."""
     return join_uri(output, "runs", f"{run_id}.json")
 
 

@@ -1,5 +1,5 @@
 """Which reason codes are failures of the system, and which of the input: the one home of the rule that
-`pagemill run`'s exit code (pipelines/exit_codes.py) and the exit-code table of docs/tables.md follow.
+`pagemill run`'s exit code (pipelines/run/exit_codes.py) and the exit-code table of docs/tables.md follow.
 
 A scheduler retries or pages someone for a system failure; it does neither for a bad file, which is
 reported in the tables and is the answer for that file."""

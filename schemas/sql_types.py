@@ -1,5 +1,5 @@
 """The SQL type of each property of an extraction JSON Schema: what the typed views of `pagemill sql`
-(pipelines/typed_views.py) give each column. Pure: no DuckDB here, only the types and the structure that
+(pipelines/tables/typed_views.py) give each column. Pure: no DuckDB here, only the types and the structure that
 DuckDB's `json_transform` takes (docs/tables.md#typed-views has the table).
 
 string -> VARCHAR (DATE for `format: date` or a pattern that admits only YYYY-MM-DD, TIMESTAMPTZ for

@@ -68,9 +68,9 @@ def test_transforms_and_schemas_never_import_pipelines() -> None:
 
 
 def test_imports_of_sees_every_kind_of_import() -> None:
-    source = ("import os, pipelines.sql as s\nfrom pipelines import cli\nfrom ..pipelines import x\n"
-              "def f():\n    from pipelines.sql import TABLE_KEYS\n")
-    assert imports_of(source) == ["os", "pipelines.sql", "pipelines", "..pipelines", "pipelines.sql"]
+    source = ("import os, pipelines.tables.sql as s\nfrom pipelines import cli\nfrom ..pipelines import x\n"
+              "def f():\n    from pipelines.tables.sql import TABLE_KEYS\n")
+    assert imports_of(source) == ["os", "pipelines.tables.sql", "pipelines", "..pipelines", "pipelines.tables.sql"]
 
 
 def test_no_module_is_over_400_lines() -> None:

@@ -1,5 +1,5 @@
 """A long-lived child process that does work a deadline must be able to stop: the plumbing shared by the render
-worker (transforms/pages/timed.py: a document's pages) and the intake worker (transforms/intake/timed.py:
+worker (transforms/document_work/timed.py: a document's pages) and the intake worker (transforms/intake/timed.py:
 opening a document to count its pages).
 
 pdfium and Pillow cannot be interrupted inside a call, and a thread cannot be killed; only a process can. The

@@ -21,7 +21,7 @@ import pytest
 if TYPE_CHECKING:  # imported lazily below: a skipped module should import as little as possible
     from schemas.records import PageImage
     from transforms.engines.local import Engine, EngineSettings
-    from transforms.model.extract import ExtractConfig
+    from transforms.extract.stage import ExtractConfig
 
 GPU_SHARE = 0.25
 KV_CACHE_GIB = 1.0
@@ -73,8 +73,8 @@ def extract_config(**changes: Any) -> ExtractConfig:
     import dataclasses
 
     from schemas.extraction import load_schema
+    from transforms.extract.stage import ExtractConfig
     from transforms.model import budget
-    from transforms.model.extract import ExtractConfig
 
     values: dict[str, Any] = {
         "schema": load_schema("invoice"), "tenant": "gpu", "model": "tiny", "model_revision": "tiny",
@@ -118,9 +118,9 @@ def test_the_engine_runs_on_the_gpu(gpu_engine: Engine, gpu_settings: EngineSett
 
 def test_extraction_on_the_gpu_gives_schema_valid_json(gpu_engine: Engine, gpu_settings: EngineSettings) -> None:
     from tests import docmaker
-    from transforms.engines.feed import extract_all
+    from transforms.extract.feed import extract_all
+    from transforms.extract.stage import make_task
     from transforms.model import budget
-    from transforms.model.extract import make_task
 
     cfg = extract_config()
     pages = rendered_pages({"inv.pdf": docmaker.invoice_pdf(), "multi.pdf": docmaker.multipage_pdf(3),
@@ -140,8 +140,8 @@ def test_more_pages_than_max_num_seqs_in_flight_fill_the_gpu_engine(gpu_engine: 
                                                                     gpu_settings: EngineSettings) -> None:
     """More pages in flight than max_num_seqs: vLLM queues them; every page gets a result."""
     from tests import docmaker
-    from transforms.engines.feed import extract_all
-    from transforms.model.extract import make_task
+    from transforms.extract.feed import extract_all
+    from transforms.extract.stage import make_task
 
     cfg = extract_config(max_tokens=256)
     pages = rendered_pages({f"inv-{s}.pdf": docmaker.invoice_pdf(s) for s in range(40)}
@@ -157,7 +157,8 @@ def test_more_pages_than_max_num_seqs_in_flight_fill_the_gpu_engine(gpu_engine: 
 
 
 def test_pagemill_run_on_the_gpu(tmp_path: Path, test_model_dir: Path) -> None:
-    from pipelines import cli, sql
+    from pipelines import cli
+    from pipelines.tables import sql
     from schemas.extraction import load_schema
     from tests import docmaker
 

@@ -1,7 +1,7 @@
 """--answer-timeout-s in a whole pipeline: an engine that never answers one page (the injected fault) costs that
 page `engine_timeout` with ledger stop_reason `deadline`, and the run goes on: every other page is answered,
 every document has its row. A simulated engine (no vLLM model), so it runs in seconds; the real engine's abort
-is tested in tests/transforms/engines/test_deadline.py."""
+is tested in tests/transforms/extract/test_deadline.py."""
 from __future__ import annotations
 
 import datetime as dt
@@ -12,12 +12,12 @@ from typing import Any
 
 import apache_beam as beam
 
-from pipelines import sql
-from pipelines.graph import build_pipeline
-from pipelines.options import PagemillOptions
-from pipelines.settings import run_settings
+from pipelines.run.graph import build_pipeline
+from pipelines.run.options import PagemillOptions
+from pipelines.run.settings import run_settings
+from pipelines.tables import sql
 from tests import docmaker
-from tests.transforms.engines.test_deadline import Stuck
+from tests.transforms.extract.test_deadline import Stuck
 
 ANSWER = json.dumps({"vendor_name": None, "invoice_number": None, "issue_date": None, "due_date": None,
                      "currency": None, "subtotal": None, "tax": None, "total": 1.0, "line_items": []})

@@ -20,17 +20,17 @@ from typing import Any
 import apache_beam as beam
 import pytest
 
-from pipelines import sql
-from pipelines.graph import build_pipeline
-from pipelines.options import PagemillOptions
-from pipelines.settings import run_settings
+from pipelines.run.graph import build_pipeline
+from pipelines.run.options import PagemillOptions
+from pipelines.run.settings import run_settings
+from pipelines.tables import sql
 from tests import docmaker
 from tests.conftest import vllm_available
 from tests.pipelines.test_safety_pipeline import ProbeEngine
 from tests.transforms.output.test_cache_reuse import entry_between, stripes
 from tests.transforms.safety.test_gate import _gradient, encode, photo
 from transforms.engines.simulated import simulated
-from transforms.model.extract import EngineFactory
+from transforms.extract.stage import EngineFactory
 from transforms.output.run_root import tenant_files
 from transforms.safety.classifiers import NudeNetClassifier
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from pipelines import cli
-from pipelines.exit_codes import exit_code
+from pipelines.run.exit_codes import exit_code
 from schemas.reasons import INPUT_REASONS, MODEL_OUTPUT_REASONS, SYSTEM_REASONS
 from schemas.records import REASON_CODES
 from tests import docmaker
@@ -117,15 +117,15 @@ def test_a_pipeline_that_fails_exits_1_keeps_its_rows_and_writes_no_manifest(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import apache_beam as beam
 
-    import pipelines.graph
+    import pipelines.run.graph
 
-    real = pipelines.graph.build_pipeline
+    real = pipelines.run.graph.build_pipeline
 
     def failing(p: beam.Pipeline, *args: Any, **kwargs: Any) -> None:  # fault injection: a worker that raises
         real(p, *args, **kwargs)
         _ = p | "Boom" >> beam.Create([1]) | "Raise" >> beam.Map(lambda _: 1 / 0)
 
-    monkeypatch.setattr(pipelines.graph, "build_pipeline", failing)
+    monkeypatch.setattr(pipelines.run.graph, "build_pipeline", failing)
     inputs = tmp_path / "in"
     inputs.mkdir()
     (inputs / "a.pdf").write_bytes(docmaker.multipage_pdf(1))

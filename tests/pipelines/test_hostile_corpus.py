@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from pipelines import sql
+from pipelines.tables import sql
 from schemas.records import REASON_CODES
 from schemas.statuses import OUTCOMES, PAGE_STATUSES
 from tests.conftest import CORPUS

@@ -9,10 +9,10 @@ from typing import Any
 
 import apache_beam as beam
 
-from pipelines import sql
-from pipelines.graph import build_pipeline
-from pipelines.options import PagemillOptions
-from pipelines.settings import run_settings
+from pipelines.run.graph import build_pipeline
+from pipelines.run.options import PagemillOptions
+from pipelines.run.settings import run_settings
+from pipelines.tables import sql
 from tests import docmaker
 
 

@@ -174,11 +174,11 @@ def logged_count(data: bytes, fmt: str, limits: IntakeLimits, log: str) -> int:
 
 
 class Probes:
-    """The run's own graph (pipelines/graph.py), with intake's reads and the engine's requests logged; a wave
+    """The run's own graph (pipelines/run/graph.py), with intake's reads and the engine's requests logged; a wave
     named in `fail_wave` raises before its pipeline runs (the run stopped there, as a kill between waves)."""
 
     def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        from pipelines import graph
+        from pipelines.run import graph
 
         self.reads, self.calls, self.fail_wave = root / "reads.log", root / "calls.log", None
         self.build = graph.build_pipeline

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.options import PagemillOptions, local_workers_flags, resolve_local_workers, small_run
+from pipelines.run.options import PagemillOptions, local_workers_flags, resolve_local_workers, small_run
 
 MULTI = ["--direct_running_mode=multi_processing"]
 

@@ -1,4 +1,4 @@
-"""Exactly once under retries (pipelines/retries.py): a bundle replayed after its flush (what a runner's
+"""Exactly once under retries (pipelines/run/retries.py): a bundle replayed after its flush (what a runner's
 retry does: the rows it flushed are written again) leaves one row per key and exit 0, the manifest counts
 the superseded rows; a key whose rows name different content is a contradiction (exit 1)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from pipelines import cli
-from pipelines.retries import raw_rows as raw_counts
+from pipelines.run.retries import raw_rows as raw_counts
 from schemas import tables
 from schemas.layout import partition
 from tests.pipelines.raw import one_row_per, raw_rows

@@ -7,7 +7,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from pipelines import cli, sql
+from pipelines import cli
+from pipelines.tables import sql
 from schemas.extraction import load_schema
 from tests import docmaker
 from tests.conftest import vllm_available

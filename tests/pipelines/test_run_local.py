@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from pipelines import cli, sql
-from pipelines.run import summary
+from pipelines import cli
+from pipelines.run.run import summary
+from pipelines.tables import sql
 from schemas.records import REASON_CODES
 from schemas.statuses import OUTCOMES, PAGE_STATUSES
 from tests import docmaker
@@ -349,7 +350,7 @@ def test_a_duplicate_raw_row_fails_the_checks_and_the_manifest(tmp_path: Path, m
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     """Plant a second `documents` row for one file, with a contradictory outcome, in a second Parquet file
     of the run's partition: the views still show one row, but the raw-row check and the manifest catch it."""
-    from pipelines.manifest import run_counts
+    from pipelines.tables.manifest import run_counts
     from schemas import tables
     from schemas.layout import partition
     from transforms.output.write import write_rows

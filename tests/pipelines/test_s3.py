@@ -17,8 +17,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import cli, sql
-from pipelines.storage import StorageConfig, configure
+from pipelines import cli
+from pipelines.run.storage import StorageConfig, configure
+from pipelines.tables import sql
 from schemas import tables
 from tests import docmaker
 from tests.conftest import vllm_available

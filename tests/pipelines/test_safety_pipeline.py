@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines import sql
-from pipelines.graph import build_pipeline
-from pipelines.manifest import run_counts
-from pipelines.options import PagemillOptions
-from pipelines.settings import run_settings
+from pipelines.run.graph import build_pipeline
+from pipelines.run.options import PagemillOptions
+from pipelines.run.settings import run_settings
+from pipelines.tables import sql
+from pipelines.tables.manifest import run_counts
 from tests import docmaker
 from tests.conftest import vllm_available
 from tests.transforms.hints.test_choose import RecordingOcr

@@ -16,10 +16,12 @@ from typing import Any
 import pytest
 from apache_beam.options.pipeline_options import GoogleCloudOptions
 
-from pipelines import cli, option_checks, sql
-from pipelines.options import PagemillOptions, merge_flags
-from pipelines.run import SINCE_LAST_RUN_OVERLAP_S, listing_window
-from pipelines.settings import run_settings
+from pipelines import cli
+from pipelines.run import option_checks
+from pipelines.run.options import PagemillOptions, merge_flags
+from pipelines.run.run import SINCE_LAST_RUN_OVERLAP_S, listing_window
+from pipelines.run.settings import run_settings
+from pipelines.tables import sql
 from schemas import tables
 from schemas.layout import partition
 from schemas.records import ListedObject

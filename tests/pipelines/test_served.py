@@ -13,7 +13,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from pipelines import cli, sql
+from pipelines import cli
+from pipelines.tables import sql
 from schemas.extraction import load_schema
 from tests import docmaker
 from tests.conftest import vllm_available
@@ -44,8 +45,8 @@ def rows(output: Path, query: str) -> list[dict]:
 
 
 def test_options_choose_the_route_and_the_requests_in_flight() -> None:
-    from pipelines.options import PagemillOptions
-    from pipelines.settings import model_route, run_settings
+    from pipelines.run.options import PagemillOptions
+    from pipelines.run.settings import model_route, run_settings
 
     def opts(*flags: str) -> PagemillOptions:
         return PagemillOptions(list(flags)).view_as(PagemillOptions)
@@ -77,7 +78,7 @@ def test_down_endpoint_fails_preflight_in_seconds(tmp_path: Path, capsys: pytest
     code = cli.main(["run", "--input", invoice2data_run.INPUT, "--output", str(tmp_path / "out"),
                      "--endpoint", f"http://127.0.0.1:{free_port()}/v1", *FLAGS])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2  # at pre-flight: Beam's retry loop never started (its time limits: pipelines/preflight.py)
+    assert code == 2  # at pre-flight: Beam's retry loop never started (its time limits: pipelines/run/preflight.py)
     assert len(err) == 1 and "cannot reach the endpoint" in err[0], err
     assert not (tmp_path / "out" / "documents").exists()  # nothing ran
 
@@ -112,7 +113,7 @@ def test_invoice_corpus_through_the_served_model(server: VllmServer, tmp_path: P
         assert r["gpu_seconds"] > 0 and r["cost_usd"] == pytest.approx(r["gpu_seconds"] * 3.6 / 3600)
     manifest = json.loads(next((out / "runs").rglob("s1.json")).read_text())
     assert manifest["totals"]["model_calls"] == len(ledger), manifest["totals"]
-    from pipelines import report
+    from pipelines.tables import report
 
     data = report.collect(str(out), run_id="s1")  # the report: the served cost beside the hosted-API price
     (route,) = data["routes"]

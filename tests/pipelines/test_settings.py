@@ -1,4 +1,4 @@
-"""run_settings (pipelines/settings.py): the stages' settings built once from the options; the cache
+"""run_settings (pipelines/run/settings.py): the stages' settings built once from the options; the cache
 configuration key follows every option that reaches a keyed setting, and no option that only paces the run."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from pipelines.options import PagemillOptions
-from pipelines.settings import RunSettings, run_settings
+from pipelines.run.options import PagemillOptions
+from pipelines.run.settings import RunSettings, run_settings
 
 
 def settings(*flags: str) -> RunSettings:

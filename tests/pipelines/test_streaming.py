@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import cli, sql
+from pipelines import cli
+from pipelines.tables import sql
 from tests import docmaker
 from tests.conftest import vllm_available
 from transforms.hints.ocr import available_languages

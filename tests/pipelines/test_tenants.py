@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from pipelines import cli, queries, report, sql
+from pipelines import cli
+from pipelines.tables import queries, report, sql
 from schemas import tables
 from schemas.layout import partition
 from tests import docmaker
@@ -175,7 +176,7 @@ def test_unsafe_identifiers_exit_2_and_write_nothing(tmp_path: Path, capsys: pyt
 
 
 def test_identifier_rule_accepts_the_generated_and_usual_ids() -> None:
-    from pipelines.options import check_identifier, new_run_id
+    from pipelines.run.options import check_identifier, new_run_id
 
     for good in (new_run_id(), "nightly-2026.01.02", "acme_corp", "A1"):
         assert check_identifier("--run-id", good) is None, good
@@ -186,7 +187,7 @@ def test_a_tenant_folder_in_the_output_root_names_no_manifest(tmp_path: Path) ->
     the manifest's own folder names one."""
     import pyarrow.fs as pafs
 
-    from pipelines.sql import manifest_files
+    from pipelines.tables.sql import manifest_files
 
     root = tmp_path / "tenant=acme" / "out"
     (root / "runs" / "tenant=default").mkdir(parents=True)

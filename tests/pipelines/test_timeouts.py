@@ -17,9 +17,9 @@ import apache_beam as beam
 import pytest
 
 from pipelines import cli
-from pipelines.graph import build_pipeline
-from pipelines.options import PagemillOptions
-from pipelines.settings import run_settings
+from pipelines.run.graph import build_pipeline
+from pipelines.run.options import PagemillOptions
+from pipelines.run.settings import run_settings
 from tests import docmaker
 from tests.conftest import CORPUS
 from tests.pipelines.raw import one_row_per, raw_rows
@@ -64,7 +64,7 @@ def test_slow_pdf_times_out_and_the_run_goes_on(tmp_path: Path, mode: list[str])
 
 def test_hung_safety_check_times_out_its_document_and_the_run_goes_on(tmp_path: Path) -> None:
     """The gate runs under the limit too: a --safety-check that stops answering on one document's second
-    page (tests/transforms/pages/test_work.py's fault injector) ends that document `timeout`, its first page
+    page (tests/transforms/document_work/test_work.py's fault injector) ends that document `timeout`, its first page
     keeps its row, and the other document is done."""
     inputs, out = tmp_path / "in", tmp_path / "out"
     inputs.mkdir()
@@ -72,7 +72,7 @@ def test_hung_safety_check_times_out_its_document_and_the_run_goes_on(tmp_path: 
     (inputs / "normal.pdf").write_bytes(docmaker.multipage_pdf(1))
     args = ["run", "--input", str(inputs), "--output", str(out), "--run-id", "h", "--extract", "false",
             "--hints", "text_layer", "--nsfw-classifier", "none", "--document-timeout-s", "10",
-            "--safety-check", "tests.transforms.pages.test_work:hangs_in_hangs_pdf", "--progress-every-s", "0",
+            "--safety-check", "tests.transforms.document_work.test_work:hangs_in_hangs_pdf", "--progress-every-s", "0",
             "--workers", "1"]
     run = subprocess.run([sys.executable, "-m", "pipelines.cli", *args], cwd=REPO, capture_output=True, text=True,
                          timeout=150, env={**os.environ, "PYTHONPATH": str(REPO)})  # the hang guard

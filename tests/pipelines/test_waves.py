@@ -1,4 +1,4 @@
-"""Waves (pipelines/waves.py): a run over a durable listing, in bounded pipelines under one run id, gives the
+"""Waves (pipelines/run/waves.py): a run over a durable listing, in bounded pipelines under one run id, gives the
 rows one pipeline over the whole listing gives (dedup global across waves), shows progress while it works,
 and a run killed in its third wave resumes without reading the first two waves' objects again."""
 from __future__ import annotations
@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from pipelines import cli, graph
-from pipelines.waves import merge_metrics, wave_files, wave_of
+from pipelines import cli
+from pipelines.run import graph
+from pipelines.run.waves import merge_metrics, wave_files, wave_of
 from tests.conftest import vllm_available
 from tests.pipelines.raw import one_row_per, raw_rows
 from transforms.hints.ocr import OcrResult
@@ -181,7 +182,7 @@ def test_the_machine_engine_stays_up_across_waves(tmp_path: Path, test_model_dir
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Two worker processes feed the machine's engine service; three waves, each boundary made longer than the
     service's idle exit (the fault: a slow wave start): one engine start for the whole run."""
-    from pipelines import waves
+    from pipelines.run import waves
     from tests import docmaker
     from transforms.engines.machine import IDLE_EXIT_S
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines import sql
+from pipelines.tables import sql
 from schemas import tables
 from schemas.layout import partition
 from schemas.records import PageRow

@@ -171,7 +171,7 @@ class PageEngine(Protocol):
 
     def submit(self, request: dict[str, Any], params: Any) -> Future[Completion]:
         """Queue one request ({"prompt": text, "multi_modal_data": {"image": PIL image}}, and from the feed
-        "page": its encoded source, transforms/engines/feed.py PageSource). The
+        "page": its encoded source, transforms/extract/feed.py PageSource). The
         future fails with ValueError when the engine rejects the request, with any other
         exception when the engine itself failed."""
         ...

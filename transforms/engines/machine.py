@@ -39,7 +39,6 @@ from typing import Any
 
 from transforms.child_process import python_argv
 from transforms.engines import machine_wire as wire
-from transforms.engines.feed import PageSource, page_pixels, vllm_sampling
 from transforms.engines.local import (
     Completion,
     Engine,
@@ -62,6 +61,7 @@ from transforms.engines.machine_folder import (
     write_new,
 )
 from transforms.engines.machine_folder import service_dir as service_dir  # the settings compute it from here
+from transforms.extract.feed import PageSource, page_pixels, vllm_sampling
 
 log = logging.getLogger(__name__)
 IDLE_EXIT_S = 10.0  # the service exits this long after its last worker disconnected

@@ -92,7 +92,7 @@ def private_base(environ: Mapping[str, str], tempdir: str | None = None) -> Path
 
 def service_dir(run_id: str, settings: EngineSettings, environ: Mapping[str, str] = os.environ) -> str:
     """The run's engine folder on this machine: one engine per run, model and settings. Every worker process
-    of the run computes the same from the run's settings (the launcher computes it once, pipelines/settings.py)."""
+    of the run computes the same from the run's settings (the launcher computes it once, pipelines/run/settings.py)."""
     key = sha256(json.dumps([run_id, asdict(settings)], sort_keys=True, default=str).encode()).hexdigest()[:16]
     return str(private_base(environ) / f"engine-{key}")
 

@@ -79,7 +79,7 @@ def _ints(value: Any) -> bool:
 
 
 def check_sampling(fields: Any) -> dict[str, Any]:
-    """The sampling fields as pagemill sets them (transforms/engines/feed.py sampling_fields), or FrameError."""
+    """The sampling fields as pagemill sets them (transforms/extract/feed.py sampling_fields), or FrameError."""
     if (not isinstance(fields, dict) or not set(SAMPLING_REQUIRED) <= fields.keys()
             or not fields.keys() <= SAMPLING_FIELDS.keys()
             or not all(_typed(fields[k], SAMPLING_FIELDS[k]) for k in fields) or fields["max_tokens"] < 1):
@@ -150,7 +150,7 @@ def as_submit(header: dict[str, Any], payload: bytes) -> Submit:
 
 
 def fields_of(params: Any) -> dict[str, Any]:
-    """The JSON fields of the vLLM SamplingParams that pagemill builds (transforms/engines/feed.py
+    """The JSON fields of the vLLM SamplingParams that pagemill builds (transforms/extract/feed.py
     sampling_fields; `vllm_sampling` rebuilds them in the service). A Mapping is taken as the fields already."""
     if isinstance(params, Mapping):
         return check_sampling(dict(params))

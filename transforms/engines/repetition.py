@@ -14,7 +14,7 @@ rarely repeats an exact 32-token run four times (empty table rows that do are a 
 The guard reads the tokens as they are decoded (`feed`), one integer comparison per pattern length and
 token: cheap beside a decode step. The engines that decode here (transforms/engines/local.py, and through it
 the machine's engine service) apply it to every request; the page then ends with stop reason `repetition`,
-and the feed retries it once with the next decoding setting and a smaller cap (transforms/engines/feed.py).
+and the feed retries it once with the next decoding setting and a smaller cap (transforms/extract/feed.py).
 """
 from __future__ import annotations
 

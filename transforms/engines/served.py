@@ -1,7 +1,7 @@
 """A served engine: the extraction stage against an OpenAI-compatible endpoint (`--engine openai`).
 
 vLLM's or SGLang's server on a GPU fleet, or a hosted API, in place of the in-process engine, behind
-the same PageEngine protocol, so the same streaming stage (transforms/engines/feed.py) feeds it with
+the same PageEngine protocol, so the same streaming stage (transforms/extract/feed.py) feeds it with
 no barrier: each page becomes one `POST {endpoint}/chat/completions` as it arrives, at most
 `concurrency` in flight, sent from one asyncio event loop in a background thread (httpx).
 
@@ -57,8 +57,8 @@ from transforms.text_safety import redact_url
 if TYPE_CHECKING:
     from schemas.extraction import ExtractionSchema
     from schemas.records import PageTask
-    from transforms.engines.feed import Request
-    from transforms.model.extract import ExtractConfig
+    from transforms.extract.feed import Request
+    from transforms.extract.stage import ExtractConfig
 
 log = logging.getLogger(__name__)
 MAX_RETRY_AFTER_S = 120.0  # a server asking for a longer pause fails the page now (`rate_limited`)
@@ -83,7 +83,7 @@ class EndpointSettings:
 
 
 def sampling_body(schema: ExtractionSchema, max_tokens: int, attempt: int) -> dict[str, Any]:
-    """Decoding fields of one try, as transforms.engines.feed.sampling_params (`prompt.decoding`). Pure."""
+    """Decoding fields of one try, as transforms.extract.feed.sampling_params (`prompt.decoding`). Pure."""
     temperature, top_p = decoding(attempt)
     return {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
             "response_format": {"type": "json_schema",

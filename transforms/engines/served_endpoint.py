@@ -1,4 +1,4 @@
-"""Where a served engine's endpoint is and how it is asked (transforms/engines/served.py, pipelines/preflight.py):
+"""Where a served engine's endpoint is and how it is asked (transforms/engines/served.py, pipelines/run/preflight.py):
 its API root, its key, whether a credential would cross the network in clear, and its model list, read up to
 a cap like every answer of the endpoint (transforms/engines/served_answer.py)."""
 from __future__ import annotations

@@ -28,8 +28,8 @@ from transforms.pages.sizes import low_detail_size, resize_for_detail
 
 if TYPE_CHECKING:
     from schemas.records import PageTask
-    from transforms.engines.feed import Request
-    from transforms.model.extract import ExtractConfig
+    from transforms.extract.feed import Request
+    from transforms.extract.stage import ExtractConfig
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def chat_messages(schema: Mapping[str, Any], hint: str, image_url: str,
 
 def build_request(task: PageTask, cfg: ExtractConfig) -> Request:
     """One page's request (messages, and the image tokens its usage is split by)."""
-    from transforms.engines.feed import Request
+    from transforms.extract.feed import Request
 
     page = task.page
     url, width, height = page_image(page.image, page.width, page.height, page.detail_side)

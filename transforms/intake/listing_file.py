@@ -1,6 +1,6 @@
 """The durable listing of a run: its objects, listed once by the launcher and written under the run as waves
 of at most `--wave-objects` objects (Parquet, URI order), so that a resumed run knows what was listed and
-skips a finished wave without reading it again (pipelines/waves.py).
+skips a finished wave without reading it again (pipelines/run/waves.py).
 
 `<output>/listings/tenant=<t>/run_id=<id>/`: `wave-00000.parquet` ... one file a wave, then `_LISTED` (written
 last: its presence says the listing is whole), and `wave-00000.done` once that wave's pipeline finished.

@@ -269,7 +269,7 @@ def fit_image(width: int, height: int, text_tokens: int, max_tokens: int, max_mo
               family: Any) -> tuple[int, int] | None:
     """The size a page image goes to the model at, beside a prompt of text_tokens and max_tokens of output in
     max_model_len: as it is when its tokens fit the room left, else shrunk to fit (`fit_to_token_budget`), or
-    None when nothing fits (the page fails as over_token_budget). The engine stage (`transforms.engines.feed.prepare`)
+    None when nothing fits (the page fails as over_token_budget). The engine stage (`transforms.extract.feed.prepare`)
     and `pagemill estimate` both decide with this."""
     room = max_model_len - max_tokens - text_tokens
     if estimate_image_tokens(family, width, height) <= room:
@@ -308,7 +308,7 @@ def hosted_cost(provider: str, width: int, height: int, text_tokens: float, outp
                 prices: Mapping[str, Any]) -> float:
     """List price in USD of one page at a hosted API: the image as sent (`width` x `height`) under the provider's
     image rule, plus the prompt's text and the output tokens. The one home of that rule: the ledger's
-    api_equivalent_usd (transforms/model/extract.py) and `pagemill estimate`'s hosted prices both call it."""
+    api_equivalent_usd (transforms/extract/stage.py) and `pagemill estimate`'s hosted prices both call it."""
     image = hosted_image_tokens(provider, width, height, prices)
     return api_cost_usd(provider, image + text_tokens, output_tokens, prices)
 

@@ -20,7 +20,7 @@ Safety before reuse (the rule): the cache never vouches for a page that today's 
   them makes every page go through the gate (and the model) again.
 - The page-level cache runs after the gate, so a page it reuses has passed today's gate.
 The document lookup is a Beam join (CoGroupByKey), so it scales with the runner, not with driver
-memory; the page lookup is a side input of earlier rows by cache key (transforms/model/extract.py), so no
+memory; the page lookup is a side input of earlier rows by cache key (transforms/extract/stage.py), so no
 page image crosses a shuffle.
 Resuming a run: documents that already have a `documents` row in this run are not processed again.
 """

@@ -81,7 +81,7 @@ def footer_rows(path: str) -> int:
 
 class ProgressWatcher:
     """A thread of the launching process that prints a progress line every `every_s` seconds (0: never)
-    while the run works. `wave` is set by the wave loop (pipelines/waves.py)."""
+    while the run works. `wave` is set by the wave loop (pipelines/run/waves.py)."""
 
     def __init__(self, output: str, tenant: str, run_id: str, every_s: float, listed: int | None = None,
                  waves: int | None = None, out: IO[str] | None = None,

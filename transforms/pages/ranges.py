@@ -6,7 +6,7 @@ smaller document, and every image input, stays one unit. A reshuffle after the c
 hand the units to different workers (without it they stay fused with the step that made them).
 
 What stays as it was: each unit is rendered by the render worker under its share of the document's time
-limit (transforms/pages/timed.py), every page still yields one row, and the `documents` row is still
+limit (transforms/document_work/timed.py), every page still yields one row, and the `documents` row is still
 built once per document, from the pages of all its units (transforms/output/outcome.py joins by doc_sha256).
 The cost: each unit reads and checks the document's bytes, and pdfium opens it, once per unit.
 """

@@ -255,7 +255,7 @@ class RenderPagesDoFn(beam.DoFn):
         self.render_ms = Metrics.distribution("pagemill", "render_ms")
 
     def render(self, doc: DocumentRecord, data: bytes, started: float) -> Iterator[PageImage | PageRow]:
-        """In this process; transforms/pages/timed.py overrides it to render in a child under a time limit."""
+        """In this process; transforms/document_work/timed.py overrides it to render in a child under a time limit."""
         return render_document(doc, data, self.settings)
 
     def process(self, doc: DocumentRecord) -> Iterator[object]:

@@ -19,8 +19,8 @@ from PIL import Image
 
 from schemas.extraction import load_schema
 from schemas.records import PageImage, PageTask
+from transforms.extract.stage import ExtractConfig
 from transforms.model import budget
-from transforms.model.extract import ExtractConfig
 
 ANSWER = {"vendor_name": "ACME", "invoice_number": "A-1", "issue_date": "2024-01-31", "due_date": None,
           "currency": "EUR", "subtotal": 10, "tax": 2, "total": 12, "line_items": []}

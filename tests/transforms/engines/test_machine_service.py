@@ -32,12 +32,12 @@ from tests.conftest import CORPUS
 from transforms.child_process import python_argv
 from transforms.engines import machine
 from transforms.engines import machine_wire as wire
-from transforms.engines.feed import PageFeed, prepare, sampling_fields
 from transforms.engines.local import Completion, EngineOutput, EngineSettings, Sample
 from transforms.engines.machine import SOCKET, RemoteEngine, serve
 from transforms.engines.machine_folder import FolderRefused, read_authkey, service_env
 from transforms.engines.simulated import SimTokenizer
-from transforms.model.extract import make_task
+from transforms.extract.feed import PageFeed, prepare, sampling_fields
+from transforms.extract.stage import make_task
 from transforms.pages.sizes import capped_size
 
 PAGE = CORPUS / "extraction_gt" / "invoice-x__invoice2data" / "tests" / "compare" / "AmazonWebServices.png"
@@ -156,7 +156,7 @@ def test_pages_reach_the_engine_as_the_same_pixels_as_a_local_engine(folder: Pat
     """The request the feed builds (what a local engine gets) and what the stub engine got through the service:
     same size, mode and pixels, at full detail, capped for low detail, and shrunk to the token budget."""
     from schemas.records import PageImage
-    from tests.transforms.engines.test_feed import ENGINE, config
+    from tests.transforms.extract.test_feed import ENGINE, config
 
     data = jpeg_page()
     page = PageImage(doc_sha256="d" * 64, source_uri="p.jpg", page_index=0, page_hash="0" * 64, image=data,
@@ -194,7 +194,7 @@ def test_a_page_crosses_the_socket_as_its_encoded_bytes(folder: Path, monkeypatc
     conn = engine._connected()
     real = conn.send_bytes
     monkeypatch.setattr(conn, "send_bytes", lambda buf: (sent.append(len(buf)), real(buf))[1])
-    from transforms.engines.feed import PageSource, page_pixels
+    from transforms.extract.feed import PageSource, page_pixels
 
     img = page_pixels(data, 0)
     request = {"prompt": "p", "multi_modal_data": {"image": img}, "page": PageSource(data, 0, img.size)}
@@ -363,8 +363,8 @@ def test_a_planted_folder_receives_no_prompt_and_no_page(monkeypatch: pytest.Mon
     """Another user's folder with a listening server (and a readable authkey, or none for the worker to create)
     where the run's folder should be: the worker refuses it before connecting, and its pages fail with
     engine_error saying why."""
-    from tests.transforms.engines.test_feed import ENGINE, config, page
     from tests.transforms.engines.test_machine_folder import plant_as_other_user
+    from tests.transforms.extract.test_feed import ENGINE, config, page
 
     base = Path(tempfile.mkdtemp(prefix="pm-"))
     planted = base / "svc"

@@ -10,7 +10,7 @@ import pytest
 from schemas.extraction import load_schema
 from tests.conftest import vllm_available
 from transforms.engines import machine_wire as wire
-from transforms.engines.feed import sampling_fields, sampling_params, vllm_sampling
+from transforms.extract.feed import sampling_fields, sampling_params, vllm_sampling
 from transforms.model.markdown import MARKDOWN_FORMATS
 
 SAMPLING = {"temperature": 0.0, "top_p": 1.0, "max_tokens": 64, "json": {"type": "object"}}

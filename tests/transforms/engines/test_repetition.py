@@ -107,7 +107,7 @@ class LoopingCore:
 def test_the_engine_stops_a_looping_request_at_the_threshold_and_aborts_it() -> None:
     from types import SimpleNamespace
 
-    from tests.transforms.engines.test_feed import ENGINE
+    from tests.transforms.extract.test_feed import ENGINE
     from transforms.engines.local import Engine
 
     looping = distinct(40) + [1, 2, 3, 4, 5] * 2000
@@ -162,15 +162,15 @@ class LoopingEngine:
 
 
 def feed_config(**changes: object):
-    from tests.transforms.engines.test_feed import config
+    from tests.transforms.extract.test_feed import config
 
     return config(max_tokens=1000, **changes)
 
 
 def test_a_page_that_loops_twice_ends_repetition_after_one_retry_at_half_the_cap() -> None:
-    from tests.transforms.engines.test_feed import tasks
-    from transforms.engines.feed import extract_all
+    from tests.transforms.extract.test_feed import tasks
     from transforms.engines.simulated import PAGE_TEXT
+    from transforms.extract.feed import extract_all
 
     cfg = feed_config(max_attempts=3)
     engine = LoopingEngine(loops=5, text=PAGE_TEXT)
@@ -182,9 +182,9 @@ def test_a_page_that_loops_twice_ends_repetition_after_one_retry_at_half_the_cap
 
 
 def test_a_retry_after_a_loop_that_answers_is_the_page_s_answer() -> None:
-    from tests.transforms.engines.test_feed import tasks
-    from transforms.engines.feed import extract_all
+    from tests.transforms.extract.test_feed import tasks
     from transforms.engines.simulated import PAGE_TEXT
+    from transforms.extract.feed import extract_all
 
     cfg = feed_config()
     engine = LoopingEngine(loops=1, text=PAGE_TEXT)
@@ -194,8 +194,8 @@ def test_a_retry_after_a_loop_that_answers_is_the_page_s_answer() -> None:
 
 
 def test_a_markdown_page_that_loops_keeps_its_text_with_a_flag() -> None:
-    from tests.transforms.engines.test_feed import tasks
-    from transforms.engines.feed import extract_all
+    from tests.transforms.extract.test_feed import tasks
+    from transforms.extract.feed import extract_all
     from transforms.model.markdown import load_output
 
     schema, markdown = load_output("markdown")

@@ -18,7 +18,6 @@ import pytest
 from PIL import Image
 
 from tests.transforms.engines.served_faults import SCHEMA, Injector, config, fault_server, hang_up_server, page_task
-from transforms.engines.feed import extract_all
 from transforms.engines.served import (
     EndpointSettings,
     OpenAIEngine,
@@ -32,6 +31,7 @@ from transforms.engines.served import (
 from transforms.engines.served_answer import completion_output
 from transforms.engines.served_endpoint import base_url
 from transforms.engines.served_prompt import build_request
+from transforms.extract.feed import extract_all
 from transforms.model import budget
 from transforms.model.prompt import SYSTEM_PROMPT, user_text
 

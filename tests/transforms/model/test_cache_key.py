@@ -12,10 +12,10 @@ import pytest
 from schemas.extraction import ExtractionSchema, load_schema
 from tests.transforms.model.test_prompt import extract_config
 from transforms.engines.local import EngineSettings
+from transforms.extract.stage import ExtractConfig
 from transforms.hints.choose import HintSettings
 from transforms.hints.ocr import OcrSettings
 from transforms.model.cache_key import EXCLUDE, canonical, settings_key
-from transforms.model.extract import ExtractConfig
 from transforms.model.markdown import Field, MarkdownFormat, load_output
 from transforms.model.prompt import DecodingParams, config_key
 from transforms.model.token_math import ImageTokenRule, rule_for

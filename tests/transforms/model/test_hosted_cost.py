@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.estimate import PagePlan, hosted_prices
+from pipelines.estimate.estimate import PagePlan, hosted_prices
 from schemas.records import ExtractionResult, PageImage, PageTask
-from tests.transforms.engines.test_feed import ENGINE
+from tests.transforms.extract.test_feed import ENGINE
 from tests.transforms.model.test_prompt import extract_config
+from transforms.extract.stage import to_rows
 from transforms.model import budget
-from transforms.model.extract import to_rows
 
 WIDTH, HEIGHT, TEXT, OUTPUT = 911, 1288, 1800, 150  # the demo invoice's page as sent; its prompt and answer
 # Hand-derived from each vendor's published rule (budget.py cites them), then the list prices of prices.json:

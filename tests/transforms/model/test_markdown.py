@@ -7,7 +7,7 @@ import json
 import pytest
 
 from schemas.extraction import load_schema
-from transforms.model.extract import ExtractConfig
+from transforms.extract.stage import ExtractConfig
 from transforms.model.markdown import FRONT_MATTER_INVALID, MARKDOWN_FORMATS, OLMOCR_V4_PROMPT, load_output
 from transforms.model.postfilter import markdown_flags
 from transforms.model.prompt import config_key
@@ -93,8 +93,8 @@ def test_cache_configuration_differs_by_output() -> None:
 
 
 def test_judge_turns_a_markdown_answer_into_a_result() -> None:
-    from transforms.engines.feed import judge
     from transforms.engines.local import EngineOutput, Sample
+    from transforms.extract.feed import judge
     from transforms.model.postfilter import SchemaValidator
 
     validator = SchemaValidator(OLMOCR.schema)

@@ -10,8 +10,8 @@ from apache_beam.ml.inference.base import PredictionResult
 from schemas.extraction import load_schema
 from schemas.records import FLAGS, ExtractionResult, PageImage
 from transforms.engines.local import EngineSettings
+from transforms.extract.stage import ExtractConfig, copy_row, make_task, to_rows
 from transforms.model import budget
-from transforms.model.extract import ExtractConfig, copy_row, make_task, to_rows
 from transforms.model.postfilter import output_flags
 from transforms.model.prompt import SYSTEM_PROMPT
 from transforms.safety.pii import find, iban_ok, luhn_ok

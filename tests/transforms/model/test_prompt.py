@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 
 from schemas.extraction import ExtractionSchema, load_schema
+from transforms.extract.stage import ExtractConfig
 from transforms.model import prompt
 from transforms.model.cache_key import canonical, settings_key
-from transforms.model.extract import ExtractConfig
 from transforms.model.prompt import (
     HINT_OPEN,
     SYSTEM_PROMPT,

@@ -14,12 +14,12 @@ from pipelines import cli
 from schemas.records import DocumentRecord, PageImage, PageRow
 from tests import docmaker
 from tests.pipelines.raw import raw_rows
-from tests.transforms.pages.test_pages_timed import SETTINGS, first_page_then_hang
+from tests.transforms.document_work.test_pages_timed import SETTINGS, first_page_then_hang
 from transforms.child_process import _wait_s
-from transforms.pages import timed
+from transforms.document_work import timed
+from transforms.document_work.timed import RenderLimits, RenderWorker, range_limit_s
 from transforms.pages.ranges import MAX_RANGES, page_ranges
 from transforms.pages.render import render_document
-from transforms.pages.timed import RenderLimits, RenderWorker, range_limit_s
 
 
 def _doc(pages: int, fmt: str = "pdf", data: bytes = b"x") -> DocumentRecord:

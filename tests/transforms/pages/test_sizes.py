@@ -1,6 +1,6 @@
 """The size rules of transforms/pages/sizes.py against the real thing: pypdfium2's own bitmaps, PIL's resize and
 the page stage's `normalise`. (The estimate's sizes against `render_document`, document by document and over
-the corpus, are in tests/pipelines/test_estimate.py.)"""
+the corpus, are in tests/pipelines/estimate/test_estimate.py.)"""
 from __future__ import annotations
 
 import pypdfium2 as pdfium

@@ -1,0 +1,67 @@
+"""Exactly once under retries: every run ends with one row per key, resumed or not.
+
+A runner that retries a bundle after its writer flushed (Dataflow, Flink and Spark do, on preemption or a
+lost worker) writes that bundle's rows again; a resumed run writes a `cached` copy of the pages its killed
+attempt finished. Both are superseded by design: the run's tables that hold a key twice are compacted to the
+row that did the work, latest first (transforms/output/run_root.py compact_run), and the manifest counts the
+rows removed as `retried_rows`. Only a real contradiction fails the run (exit 1): two rows of one key that
+name different content, a `documents` key with two `doc_sha256` or a `pages` key with two `page_hash`
+(the object changed under the run, or a bug); those keys are reported in the manifest's `errors`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from schemas import layout
+
+# Per table: the column whose values must agree among the rows of one key (nulls: not yet known).
+IDENTITY = {"documents": "doc_sha256", "pages": "page_hash"}
+
+
+def raw_rows(counts: dict[str, Any]) -> dict[str, int]:
+    """Pure: the raw rows of each table in run_counts' figures."""
+    return {"documents": int(counts["documents"]), "pages": sum(counts["pages"].values()),
+            "ledger": int(counts["totals"]["pages"])}
+
+
+def contradictions(output: str, tenant: str, run_id: str, storage: Any, tables: list[str]) -> list[str]:
+    """The keys whose rows disagree on their content (IDENTITY), one line per table."""
+    from pipelines.tables import sql
+
+    lines = []
+    con = sql.connect(output, storage, tenant, typed=False)
+    try:
+        for table in tables:
+            column = IDENTITY.get(table)
+            if column is None:
+                continue
+            keys = ", ".join(layout.TABLE_KEYS[table])
+            (n,) = con.execute(f"SELECT count(*) FROM (SELECT {keys} FROM {table}_all WHERE tenant = ? AND "
+                               f"run_id = ? GROUP BY ALL HAVING count(DISTINCT {column}) > 1)",
+                               [tenant, run_id]).fetchone()
+            if n:
+                lines.append(f"{table}: {n} key(s) whose rows name different {column} (a contradiction, "
+                             "not a retry)")
+    finally:
+        con.close()
+    return lines
+
+
+def settle(output: str, tenant: str, run_id: str, storage: Any) -> tuple[dict[str, Any], int]:
+    """The run's counts after its superseded rows are compacted away, and how many raw rows were."""
+    from pipelines.tables.manifest import run_counts
+    from transforms.output import run_root  # looked up at call time: a test breaks compaction there
+
+    counts = run_counts(output, run_id, storage, tenant)
+    twice = [t for t, n in counts["duplicate_keys"].items() if n]
+    if not twice:
+        return counts, 0
+    contradicted = contradictions(output, tenant, run_id, storage, twice)
+    before = raw_rows(counts)
+    # A contradiction's rows stay as they are: the evidence for the error, until someone looks.
+    run_root.compact_run(output, tenant, run_id, only=[t for t in twice if not any(c.startswith(f"{t}:")
+                                                                                   for c in contradicted)])
+    counts = run_counts(output, run_id, storage, tenant)
+    after = raw_rows(counts)
+    counts["errors"] = counts["errors"] + contradicted
+    return counts, sum(before[t] - after[t] for t in before)

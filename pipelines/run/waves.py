@@ -1,0 +1,200 @@
+"""Waves: a run's inputs are listed once, by the launcher, into a durable listing under the run
+(transforms/intake/listing_file.py), then processed in waves of at most `--wave-objects` objects, one bounded
+pipeline each, under the same run id.
+
+Why: a batch runner holds every PCollection that crosses a shuffle (the listing's spread, dedup, the joins)
+for the whole pipeline; the in-process DirectRunner keeps it in its own memory (~25 KB a listed object). A
+wave bounds that to its own objects, puts its first pages on disk within the wave's time instead of after
+the whole listing's intake, and bounds what a kill can lose. Dedup stays global: the listing is in URI
+order, so the copy a single pipeline would keep (the smallest URI) is in the earliest wave that has one, and
+a later wave's copies become `duplicate` rows of it (transforms/intake/dedup.py SkipEarlierWaves). Earlier
+runs' results reach every wave through the result cache, as they reach a single pipeline.
+
+Resume: a finished wave has a `.done` marker and is skipped without reading its objects again; the wave that
+was cut short skips the documents it already wrote (its own part files, `part-wNNNNN-*`). `--wave-objects 0`:
+one pipeline over the whole listing, listed inside the pipeline (a distributed runner that holds its
+shuffles on disk may prefer it).
+"""
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from schemas import layout
+from transforms.intake.listing_file import Listing, ReadWave, mark_done, read_listing, write_listing
+
+log = logging.getLogger(__name__)
+_WAVE = re.compile(r"/part-w(\d{5})-[^/]*$")
+
+
+def wave_of(path: str) -> int | None:
+    """The wave a part file was written by (its name), or None (compacted, or written without waves). Pure."""
+    found = _WAVE.search(path)
+    return int(found.group(1)) if found else None
+
+
+def wave_files(files: list[str], wave: int) -> tuple[list[str], list[str]]:
+    """Pure: (this wave's files and those of no wave: what a resumed wave has done; the earlier waves'
+    files and those of no wave: what this wave's dedup checks against)."""
+    own = [f for f in files if wave_of(f) in (wave, None)]
+    earlier = [f for f in files if (w := wave_of(f)) is None or w < wave]
+    return own, earlier
+
+
+@dataclass
+class Waves:
+    """What one invocation did with the run's waves (the manifest's `waves`)."""
+
+    total: int = 1
+    objects: int | None = None  # listed objects (None: listed inside a single pipeline)
+    skipped: list[int] = field(default_factory=list)  # finished before this invocation: not read again
+    ran: list[int] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"total": self.total, "objects": self.objects, "skipped": len(self.skipped),
+                "ran": len(self.ran), "first_ran": self.ran[0] if self.ran else None}
+
+
+def listing_for(o: Any, since: float | None, until: float | None) -> Listing | None:
+    """The run's durable listing: read when an earlier invocation wrote it whole, else listed now and
+    written. None with `--wave-objects 0`."""
+    if o.wave_objects <= 0:
+        return None
+    from transforms.intake.listing import list_matching
+
+    folder = layout.listing_folder(o.output, o.tenant, o.run_id)
+    return read_listing(folder) or write_listing(folder, list_matching(o.input or (), since, until), o.wave_objects)
+
+
+def run_waves(options: Any, settings: Any, run: dict[str, Any], listing: Listing | None,
+              since: float | None, until: float | None, force: bool,
+              on_wave: Callable[[int], None] = lambda wave: None) -> tuple[Waves, dict[str, Any]]:
+    """Run the pipeline once per unfinished wave (once in all without a listing). Returns what was done
+    and the Beam metrics of every pipeline, summed. Raises what the pipeline raised."""
+    s, metrics = settings, {}
+    done = Waves(total=listing.waves if listing else 1, objects=listing.objects if listing else None)
+    with EngineHold(s):  # the machine's engine, once a wave started it, waits for the next wave
+        for wave in _waves(listing, done):
+            on_wave(wave)
+            metrics = merge_metrics(metrics, _one_wave(options, s, run, listing, wave, since, until, force))
+            done.ran.append(wave)
+    return done, metrics
+
+
+def _one_wave(options: Any, s: Any, run: dict[str, Any], listing: Listing | None, wave: int,
+              since: float | None, until: float | None, force: bool) -> dict[str, Any]:
+    """One wave's pipeline (the whole listing's without a listing), run to its end; its metrics."""
+    import apache_beam as beam
+
+    from pipelines.run import graph  # looked up at call time: tests put a failing builder there
+    from transforms.output.run_root import run_files, tenant_files
+    from transforms.output.write import part_prefix
+
+    documents = run_files(s.output, "documents", s.tenant, run["run_id"])
+    earlier_files = [] if force else tenant_files(s.output, "pages", s.tenant)  # the result cache's source
+    p = beam.Pipeline(options=options)
+    if listing is None:
+        graph.build_pipeline(p, s, run, earlier_files, documents, since, until)
+    else:
+        own, earlier = wave_files(documents, wave)
+        graph.build_pipeline(p, s, run, earlier_files, own, listing=ReadWave(listing.wave_file(wave)),
+                             earlier_kept=earlier, prefix=part_prefix(wave))
+    result = p.run()
+    result.wait_until_finish()
+    if listing is not None:
+        mark_done(listing.folder, wave)
+    return stage_metrics(result)
+
+
+class EngineHold:
+    """The launcher's connection to the machine's engine service for the whole run: the service exits a few
+    seconds after its last worker leaves, and a wave's workers leave at its end (their shutdown can outlast
+    that on a busy machine) while the next wave's reach the model only after its intake and dedup; without
+    it every wave would load the model again. A thread connects once a wave has started the service (a run
+    that never needs the model never starts one). Best effort: a failure only costs a reload."""
+
+    def __init__(self, settings: Any) -> None:
+        self.folder = settings.engine.service_dir if settings.extract is not None and settings.endpoint is None \
+            else None
+        self.settings = settings.engine
+        self.engine: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> EngineHold:
+        if self.folder:
+            self._thread = threading.Thread(target=self._watch, name="pagemill-engine-hold", daemon=True)
+            self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        from transforms.engines.machine import SOCKET, RemoteEngine
+
+        while not self._stop.wait(0.5):
+            if Path(self.folder or "", SOCKET).exists():
+                try:
+                    engine = RemoteEngine(self.settings)
+                    engine._connected()  # connect only: no request is ever sent on it
+                    self.engine = engine
+                except Exception as err:  # noqa: BLE001
+                    log.warning("could not hold the engine service between waves: %s", err)
+                return
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.engine is not None:
+            self.engine.close()
+
+
+def _waves(listing: Listing | None, done: Waves) -> Iterator[int]:
+    """The waves to run (0 alone without a listing); a finished one is recorded as skipped, never read."""
+    if listing is None:
+        yield 0
+        return
+    for wave in range(listing.waves):
+        if listing.done(wave):
+            done.skipped.append(wave)
+        else:
+            yield wave
+
+
+def stage_metrics(result: Any) -> dict[str, Any]:
+    """Counters and time distributions from Beam's metrics (every runner reports them)."""
+    out: dict[str, Any] = {}
+    try:
+        queried = result.metrics().query()
+    except Exception:  # noqa: BLE001 - some runners cannot report metrics; the manifest says so
+        return {"unavailable": True}
+    for counter in queried.get("counters", []):
+        out[counter.key.metric.name] = out.get(counter.key.metric.name, 0) + counter.committed
+    for dist in queried.get("distributions", []):
+        d = dist.committed
+        if d is not None and d.count:
+            out[dist.key.metric.name] = {"count": d.count, "sum": d.sum, "mean": round(d.sum / d.count, 3),
+                                         "max": d.max}
+    return out
+
+
+def merge_metrics(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Pure: two pipelines' metrics as one run's (counters add, distributions combine)."""
+    out = dict(a)
+    for name, value in b.items():
+        mine = out.get(name)
+        if mine is None:
+            out[name] = value
+        elif isinstance(value, dict) and isinstance(mine, dict) and "count" in value and "count" in mine:
+            count, total = mine["count"] + value["count"], mine["sum"] + value["sum"]
+            out[name] = {"count": count, "sum": total, "mean": round(total / count, 3),
+                         "max": max(mine["max"], value["max"])}
+        elif isinstance(value, int | float) and isinstance(mine, int | float) and not isinstance(value, bool):
+            out[name] = mine + value
+        else:
+            out[name] = value
+    return out

@@ -1,0 +1,199 @@
+"""`pagemill sql`: DuckDB views over every run under an output root, local or s3://.
+
+Read-only by construction: the tables are pyarrow datasets registered before DuckDB's file access is
+switched off and its configuration locked, so a query can read the views and nothing else (no
+`read_text`, no `COPY ... TO`, no `ATTACH`, no extensions). Values printed to a terminal come from
+documents, so every format escapes what could drive the terminal (transforms/text_safety.py) and CSV also
+neutralises spreadsheet formulas. Files (`pagemill export`) get the values as they are, formulas neutralised.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+
+from pipelines.run.storage import StorageConfig, arrow_filesystem
+from pipelines.tables import typed_views
+from schemas import layout, tables
+from transforms.text_safety import terminal_safe
+
+# Cell text that a spreadsheet would run as a formula (OWASP's list: = + - @, and tab / CR before them).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+RUNS = pa.schema([
+    ("run_id", pa.string()), ("started_at", pa.string()), ("finished_at", pa.string()),
+    ("wall_seconds", pa.float64()), ("tenant", pa.string()), ("documents", pa.int64()), ("pages", pa.int64()),
+    ("model_calls", pa.int64()), ("cost_usd", pa.float64()), ("api_equivalent_usd", pa.float64()),
+    ("manifest", pa.string()),
+])
+
+
+def table_files(fs: pafs.FileSystem, root: str, table: str, tenant: str | None = None) -> list[str]:
+    """Finished Parquet files of one table, or of one tenant's partitions."""
+    selector = pafs.FileSelector(layout.table_folder(root, table, tenant), allow_not_found=True, recursive=True)
+    return sorted(i.path for i in fs.get_file_info(selector)
+                  if i.type == pafs.FileType.File and layout.is_part_file(i.path))
+
+
+def manifest_files(fs: pafs.FileSystem, root: str, tenant: str | None = None) -> list[tuple[str, str | None]]:
+    """(path, the tenant its folder names) of the manifests of `tenant`'s runs (None: every tenant's):
+    `runs/tenant=<t>/<id>.json`, and an old-layout `runs/<id>.json` only for a run id that the tenant's own
+    partitions hold and that has no new-layout manifest: a file planted in `runs/` speaks for no one else."""
+    def jsons(folder: str) -> list[str]:
+        infos = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True, recursive=True))
+        return sorted(i.path for i in infos if i.type == pafs.FileType.File and i.path.endswith(".json"))
+
+    def folder_tenant(path: str) -> str | None:  # the file's own folder only: the root may hold `tenant=` too
+        return layout.tenant_of(path.rsplit("/", 2)[-2])
+
+    runs = layout.join_uri(root, "runs")
+    found = jsons(runs)
+    new = [(path, folder_tenant(path)) for path in found
+           if folder_tenant(path) is not None and tenant in (None, folder_tenant(path))]
+    written = {layout.manifest_run_id(path) for path, _ in new}
+    owned = {layout.run_id_of(path) for path in table_files(fs, root, "documents", tenant)} if tenant else set()
+    top = runs.rstrip("/")
+    legacy = [(path, None) for path in found if path.rsplit("/", 1)[0] == top
+              and layout.manifest_run_id(path) not in written
+              and (tenant is None or layout.manifest_run_id(path) in owned)]
+    return new + legacy
+
+
+def runs_table(fs: pafs.FileSystem, root: str, tenant: str | None = None) -> pa.Table:
+    records = []
+    for path, folder_tenant in manifest_files(fs, root, tenant):
+        with fs.open_input_stream(path) as handle:
+            m = json.loads(handle.read())
+        totals = m.get("totals", {})
+        records.append({"run_id": m.get("run_id"), "started_at": m.get("started_at"),
+                        "finished_at": m.get("finished_at"), "wall_seconds": m.get("wall_seconds"),
+                        "tenant": folder_tenant or m.get("options", {}).get("tenant"), "documents": m.get("documents"),
+                        "pages": totals.get("pages"), "model_calls": totals.get("model_calls"),
+                        "cost_usd": totals.get("cost_usd"), "api_equivalent_usd": totals.get("api_equivalent_usd"),
+                        "manifest": json.dumps(m, sort_keys=True)})
+    if tenant is not None:
+        records = [r for r in records if r["tenant"] == tenant]
+    return pa.Table.from_pylist(records, schema=RUNS)
+
+
+def connect(output: str, storage: StorageConfig | None = None, tenant: str | None = None,
+            read_only: bool = True, typed: bool = True) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with views `documents`, `pages`, `ledger` (latest row per key), their raw
+    rows `documents_all`, `pages_all`, `ledger_all`, and `runs`, over every run under `output`, local or
+    s3://; with `typed`, also a typed view per extraction schema (pipelines/tables/typed_views.py). With `tenant`,
+    every view holds that tenant's rows only: only its partitions are listed and each dataset is filtered
+    on the `tenant` column too. The tables are pyarrow datasets registered in
+    DuckDB, which needs no httpfs extension. A table with no files yet is an empty view of the right
+    shape, so queries work before the first run. `read_only`: file access off, configuration locked."""
+    fs, root = arrow_filesystem(output, storage or StorageConfig())
+    con = duckdb.connect()
+    for table in tables.TABLES:
+        schema = tables.SCHEMAS[table]
+        files = table_files(fs, root, table, tenant)
+        data: ds.Dataset | pa.Table = ds.dataset(files, schema=schema, filesystem=fs, format="parquet") if files \
+            else pa.Table.from_batches([], schema=schema)
+        if tenant is not None and files:
+            data = data.filter(ds.field("tenant") == tenant)  # a row written to the wrong folder stays out
+        con.register(f"{table}_all", data)
+        keys = ", ".join(layout.TABLE_KEYS[table])
+        con.execute(f"CREATE VIEW {table} AS SELECT * FROM {table}_all "
+                    f"QUALIFY row_number() OVER (PARTITION BY {keys} ORDER BY created_at DESC) = 1")
+    runs = runs_table(fs, root, tenant)
+    con.register("runs", runs)
+    if typed:
+        typed_views.create(con, runs.column("manifest").to_pylist())
+    if read_only:
+        lock(con)
+    return con
+
+
+def lock(con: duckdb.DuckDBPyConnection) -> None:
+    """No file, network or extension access from SQL, and no way to turn it back on. Registered Arrow
+    data is scanned through Python, so the views keep working."""
+    con.execute("SET python_enable_replacements = false")  # no scanning of Python variables by name
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
+def duplicate_keys(con: duckdb.DuckDBPyConnection, table: str, tenant: str, run_id: str,
+                   limit: int = 5) -> tuple[int, list[tuple[Any, ...]]]:
+    """Keys of one run that have more than one raw row: (how many keys, a few examples)."""
+    keys = ", ".join(layout.TABLE_KEYS[table])
+    query = (f"SELECT {keys}, count(*) AS n FROM {table}_all WHERE tenant = ? AND run_id = ? "
+             f"GROUP BY ALL HAVING count(*) > 1 ORDER BY ALL")
+    found = con.execute(query, [tenant, run_id]).fetchall()
+    return len(found), found[:limit]
+
+
+def query(output: str, sql: str, storage: StorageConfig | None = None,
+          tenant: str | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
+    con = connect(output, storage, tenant)
+    try:
+        rel = con.sql(sql)
+        if rel is None:
+            return [], []
+        return list(rel.columns), rel.fetchall()
+    finally:
+        con.close()
+
+
+def error_line(err: Exception) -> str:
+    """DuckDB's message on one line; a refused file access says that SQL here is read-only."""
+    text = terminal_safe(" ".join(str(err).split()))
+    if isinstance(err, duckdb.PermissionException) or "disabled by configuration" in text:
+        return f"{text} (pagemill sql is read-only: it reads the views, never a file)"
+    return text
+
+
+def render(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str) -> str:
+    if fmt == "json":  # json.dumps escapes every control character
+        return json.dumps([dict(zip(columns, r, strict=True)) for r in rows], default=str, indent=1)
+    names = [terminal_safe(c) for c in columns]
+    if fmt == "csv":  # for a terminal: `pagemill export` writes a CSV file with the values as they are
+        return csv_text(names, ([_terminal_value(v) for v in r] for r in rows)).rstrip("\n")
+    cells = [[_cell(v) for v in r] for r in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(names)]
+    lines = [" | ".join(c.ljust(w) for c, w in zip(names, widths, strict=True)),
+             "-+-".join("-" * w for w in widths)]
+    lines += [" | ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
+    lines.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+    return "\n".join(lines)
+
+
+def csv_text(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """CSV with a header; each text cell that starts like a formula neutralised (`csv_cell`)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow([csv_cell(c) for c in columns])
+    writer.writerows([csv_cell(v) for v in r] for r in rows)
+    return buf.getvalue()
+
+
+def text_value(value: Any) -> Any:
+    """A value for a text cell: a list or a struct (a typed view's LIST or STRUCT) as JSON, else as it is."""
+    return json.dumps(value, default=str, ensure_ascii=False) if isinstance(value, (list, dict)) else value
+
+
+def _terminal_value(value: Any) -> Any:
+    """A value printed in CSV: numbers as they are, anything else as text escaped by `terminal_safe`."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    return terminal_safe(str(text_value(value)))
+
+
+def csv_cell(value: Any) -> Any:
+    """A text cell that starts like a formula gets a leading `'`, so a spreadsheet shows it as text."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
+def _cell(value: Any) -> str:
+    text = terminal_safe("NULL" if value is None else str(text_value(value)))
+    return text if len(text) <= 80 else text[:77] + "..."

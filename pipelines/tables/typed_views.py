@@ -1,0 +1,259 @@
+"""Typed views: one DuckDB view per extraction schema, with a column per top-level property in the SQL type
+its JSON Schema implies (schemas/sql_types.py), and one view per array property with a row per item.
+
+`pipelines.tables.sql.connect` calls `create` before it locks the connection. The schemas come from the output:
+every schema id of an `ok` page, plus the shipped ones (empty views of the right shape before any run).
+Each id's JSON Schema is the shipped file, a markdown format's front matter, or the user's file that a run
+manifest names (`options.schema`); the versions whose hash the pages carry are united. Values are read with
+DuckDB's `json_transform`: one that does not fit its type is NULL (TRY_CAST's rules), and each row counts
+them (`unfit_values`) and names their columns (`unfit_columns`); `typed_unfit` has one row per such column.
+`typed_views` and `typed_columns` say what each view holds, and where and why a column fell back to JSON.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from schemas import sql_types
+from schemas.extraction import SHIPPED_SCHEMAS, SchemaError, _local_path, _read_user_file, schema_hash
+from schemas.sql_types import SqlType, literal, quote
+from schemas.statuses import OK
+
+KEYS = ("tenant", "run_id", "doc_sha256", "source_uri", "page_index", "extracted_at")
+UNFIT_COLUMNS, UNFIT_VALUES, ITEM_INDEX = "unfit_columns", "unfit_values", "item_index"
+WHOLE = "extraction"  # the column of a schema with no properties, and the unfit name of a non-object answer
+RESERVED = ("documents", "pages", "ledger", "documents_all", "pages_all", "ledger_all", "runs", "reason_codes",
+            "typed_views", "typed_columns", "typed_unfit")
+VIEWS = pa.schema([("view", pa.string()), ("schema_id", pa.string()), ("unnests", pa.string()),
+                   ("schema_hashes", pa.list_(pa.string())), ("note", pa.string())])
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str  # the SQL column
+    prop: str  # the JSON property it reads
+    type: SqlType
+
+
+@dataclass(frozen=True)
+class View:
+    name: str
+    schema_id: str
+    columns: tuple[Column, ...]  # empty: the whole extraction as one JSON column
+    hashes: tuple[str, ...]  # the schema versions it was typed from
+    notes: tuple[str, ...]
+    parent: str | None = None  # an item view: the typed view whose list column `columns[0].prop` it unnests
+
+
+def schema_files(manifests: Iterable[str]) -> dict[str, dict[str, Mapping[str, Any]]]:
+    """Every known version of every schema, by schema id and hash: the shipped files, the markdown formats'
+    front matter, and the user files that the manifests name (those that can still be read)."""
+    from transforms.model.markdown import MARKDOWN_FORMATS
+
+    found: dict[str, dict[str, Mapping[str, Any]]] = {}
+    for name in SHIPPED_SCHEMAS:
+        schema = json.loads((resources.files("schemas.extraction") / f"{name}.json").read_text(encoding="utf-8"))
+        found.setdefault(name, {})[schema_hash(schema)] = schema
+    for fmt in MARKDOWN_FORMATS.values():
+        found.setdefault(fmt.name, {})[fmt.schema.schema_hash] = fmt.schema.schema
+    given = {_run_schema(m) for m in manifests}
+    for source in sorted(s for s in given if isinstance(s, str) and s not in found):
+        try:  # the run read this file once; it may have moved or changed since (then its hash will not match)
+            path = _local_path(source)
+            schema = json.loads(_read_user_file(path, source))
+        except (SchemaError, OSError, ValueError, RecursionError):
+            continue
+        if isinstance(schema, dict):
+            found.setdefault(path.stem, {})[schema_hash(schema)] = schema
+    return found
+
+
+def _run_schema(manifest: str) -> Any:
+    """The `--schema` a manifest records, or None (a manifest is a file under the output root: any shape)."""
+    options = json.loads(manifest).get("options")
+    return options.get("schema") if isinstance(options, dict) else None
+
+
+def plan(seen: Mapping[str, Iterable[str]], known: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[View]:
+    """The views for the schema ids of `ok` pages (`seen`: id -> hashes) and the shipped ids: typed views
+    first, then their item views, each name a unique SQL identifier (`sql_types.identifier`)."""
+    taken = {r.lower() for r in RESERVED}
+    ids = list(SHIPPED_SCHEMAS) + sorted(set(seen) - set(SHIPPED_SCHEMAS))
+    views = [_typed_view(i, set(seen.get(i, ())), known.get(i, {}), taken) for i in ids]
+    return views + [item for v in views for item in _item_views(v, taken)]
+
+
+def _typed_view(schema_id: str, hashes: set[str], versions: Mapping[str, Mapping[str, Any]],
+                taken: set[str]) -> View:
+    notes = [f"no schema file with hash {h[:12]}... (pages of that version are typed with the others)"
+             for h in sorted(hashes - set(versions)) if versions]
+    used = {h: s for h, s in versions.items() if h in hashes} or dict(versions)
+    merged: dict[str, SqlType] = {}
+    for _, schema in sorted(used.items()):
+        for prop, t in (sql_types.properties(schema) or {}).items():
+            merged[prop] = sql_types.merge(merged[prop], t, prop) if prop in merged else t
+    if not used:
+        notes.append("no schema file found: the extraction as JSON")
+    elif not merged:
+        notes.append("the schema has no properties: the extraction as JSON")
+    names = {k.lower() for k in (*KEYS, UNFIT_COLUMNS, UNFIT_VALUES)}
+    columns = []
+    for prop, t in merged.items():
+        if not sql_types.usable_name(prop):
+            notes.append(f"property {prop!r}: a name that is empty or has control characters is not a column")
+            continue
+        columns.append(Column(sql_types.identifier(prop, names), prop, t))
+    return View(sql_types.identifier(schema_id, taken), schema_id, tuple(columns), tuple(sorted(used)),
+                tuple(notes))
+
+
+def _item_views(view: View, taken: set[str]) -> list[View]:
+    return [View(sql_types.identifier(f"{view.name}_{c.name}", taken), view.schema_id, (c,), view.hashes, (),
+                 parent=view.name) for c in view.columns if c.type.items is not None]
+
+
+def view_sql(view: View) -> str:
+    """The CREATE VIEW statement of a typed view or an item view. Names and schema text reach the SQL only
+    quoted (`quote`) or as literals (`literal`)."""
+    keys = ", ".join(KEYS)
+    if view.parent is not None:
+        return _item_view_sql(view)
+    source = (f"SELECT {keys}, extraction AS e, CASE WHEN json_valid(extraction) THEN extraction END AS j "
+              f"FROM pages WHERE status = {literal(OK)} AND schema_id = {literal(view.schema_id)}")
+    not_object = "(e IS NOT NULL AND coalesce(json_type(j), '') <> 'OBJECT')::BIGINT"
+    if not view.columns:
+        return (f"CREATE VIEW {quote(view.name)} AS SELECT {keys}, j::JSON AS {WHOLE}, "
+                f"list_filter([CASE WHEN {not_object} > 0 THEN {literal(WHOLE)} END], lambda c: c IS NOT NULL) "
+                f"AS {UNFIT_COLUMNS}, {not_object} AS {UNFIT_VALUES} FROM ({source})")
+    batch = _batches(view.columns)
+    parsed = ", ".join(
+        f"json_transform(j, {literal(json.dumps({c.prop: c.type.structure() for c in cs}))}) AS v{i}, "
+        f"json_transform(j, {literal(json.dumps({c.prop: sql_types.JSON for c in cs}))}) AS r{i}"
+        for i, cs in enumerate(_grouped(view.columns, batch)))
+    unfit = [(WHOLE, not_object)] + [
+        (c.name, _unfit(f"struct_extract(r{batch[c]}, {literal(c.prop)})",
+                        f"struct_extract(v{batch[c]}, {literal(c.prop)})", c.type, 1)) for c in view.columns]
+    named = ", ".join(f"CASE WHEN {expr} > 0 THEN {literal(name)} END" for name, expr in unfit)
+    columns = ", ".join(f"struct_extract(v{batch[c]}, {literal(c.prop)}) AS {quote(c.name)}" for c in view.columns)
+    return (f"CREATE VIEW {quote(view.name)} AS SELECT {keys}, {columns}, "
+            f"list_filter([{named}], lambda c: c IS NOT NULL) AS {UNFIT_COLUMNS}, "
+            f"({' + '.join(expr for _, expr in unfit)})::BIGINT AS {UNFIT_VALUES} "
+            f"FROM (SELECT *, {parsed} FROM ({source}))")
+
+
+def _batches(columns: tuple[Column, ...]) -> dict[Column, int]:
+    """Which `json_transform` reads each column: DuckDB's struct fields ignore case, so properties whose
+    names differ only in case (`Total`, `total`) go to different ones; JSON keys themselves match exactly."""
+    seen: dict[str, int] = {}
+    batch = {}
+    for c in columns:
+        batch[c] = seen.get(c.prop.lower(), 0)
+        seen[c.prop.lower()] = batch[c] + 1
+    return batch
+
+
+def _grouped(columns: tuple[Column, ...], batch: dict[Column, int]) -> list[list[Column]]:
+    return [[c for c in columns if batch[c] == i] for i in range(max(batch.values()) + 1)]
+
+
+def _unfit(raw: str, typed: str, t: SqlType, depth: int) -> str:
+    """SQL counting the values under one property that did not fit their type. `raw` is the property's
+    JSON (SQL NULL for a JSON null or a missing key), `typed` its typed value; lists and structs are
+    walked item by item and field by field, so a bad amount in one line item counts once."""
+    if t.scalar is not None:
+        return f"({raw} IS NOT NULL AND {typed} IS NULL)::BIGINT"
+    if t.fields is not None:
+        fields = json.dumps({name: sql_types.JSON for name, _ in t.fields})
+        inner = " + ".join(_unfit(f"struct_extract(json_transform({raw}, {literal(fields)}), {literal(n)})",
+                                  f"struct_extract({typed}, {literal(n)})", ft, depth) for n, ft in t.fields)
+        return f"(CASE WHEN {raw} IS NULL THEN 0 WHEN json_type({raw}) <> 'OBJECT' THEN 1 ELSE {inner} END)"
+    assert t.items is not None
+    z = f"z{depth}"  # one lambda variable a level: nested lists see their parents' items
+    inner = _unfit(f"{z}[1]", f"{z}[2]", t.items, depth + 1)
+    items = f"list_zip(json_transform({raw}, '[\"JSON\"]'), {typed})"
+    return (f"(CASE WHEN {raw} IS NULL THEN 0 WHEN json_type({raw}) <> 'ARRAY' THEN 1 "
+            f"ELSE coalesce(list_sum(list_transform({items}, lambda {z}: {inner})), 0) END)")
+
+
+def item_columns(view: View) -> tuple[Column, ...]:
+    """The columns of an item view after its keys and `item_index`: the item's fields, or `value`."""
+    (column,) = view.columns
+    item = column.type.items
+    assert item is not None
+    if item.fields is None:
+        return (Column("value", "", item),)  # prop: the item's field ("": the item itself)
+    names = {k.lower() for k in (*KEYS, ITEM_INDEX)}
+    return tuple(Column(sql_types.identifier(f, names), f, t) for f, t in item.fields)
+
+
+def _item_view_sql(view: View) -> str:
+    assert view.parent is not None
+    values = ", ".join(f"struct_extract(item, {literal(c.prop)}) AS {quote(c.name)}" if c.prop else
+                       f"item AS {quote(c.name)}" for c in item_columns(view))
+    keys, column, parent = ", ".join(KEYS), quote(view.columns[0].name), quote(view.parent)
+    # unnest and generate_subscripts side by side: measured 2-6x quicker here than a lateral WITH ORDINALITY
+    return (f"CREATE VIEW {quote(view.name)} AS SELECT {keys}, i - 1 AS {ITEM_INDEX}, {values} FROM ("
+            f"SELECT {keys}, unnest({column}) AS item, generate_subscripts({column}, 1) AS i FROM {parent})")
+
+
+def create(con: duckdb.DuckDBPyConnection, manifests: Iterable[str]) -> None:
+    """Create every typed view in `con` (which has `pages`), with `typed_views`, `typed_columns` and
+    `typed_unfit`. A view DuckDB refuses becomes the extraction as JSON, with the reason as its note."""
+    seen = dict(con.execute(
+        "SELECT schema_id, coalesce(list(DISTINCT schema_hash) FILTER (WHERE schema_hash IS NOT NULL), []) "
+        f"FROM pages_all WHERE status = {literal(OK)} AND schema_id IS NOT NULL GROUP BY ALL").fetchall())
+    views, columns = [], []
+    for view in plan(seen, schema_files(manifests)):
+        try:
+            con.execute(view_sql(view))
+        except duckdb.Error as err:
+            if view.parent is not None:
+                continue
+            why = " ".join(str(err).split())[:200]
+            view = View(view.name, view.schema_id, (), view.hashes, (*view.notes, f"DuckDB refused the types: {why}"))
+            con.execute(view_sql(view))
+        views.append({"view": view.name, "schema_id": view.schema_id, "unnests": view.parent,
+                      "schema_hashes": list(view.hashes), "note": "; ".join(view.notes) or None})
+        columns += _column_rows(view)
+    con.register("typed_views", pa.Table.from_pylist(views, schema=VIEWS))
+    # Types as DuckDB states them (duckdb_columns binds a view only when this is read, not at every connect).
+    described = ", ".join(f"({literal(r['view'])}, {literal(r['column'])}, {_sql_value(r['nullable'])}, "
+                          f"{_sql_value(r['property'])}, {_sql_value(r['note'])})" for r in columns)
+    con.execute(
+        'CREATE VIEW typed_columns AS SELECT c.table_name AS "view", c.column_name AS "column", c.data_type AS type, '
+        "m.nullable::BOOLEAN AS nullable, m.property::VARCHAR AS property, m.note::VARCHAR AS note "
+        f"FROM duckdb_columns() c JOIN (VALUES {described}) m(v, col, nullable, property, note) "
+        "ON m.v = c.table_name AND m.col = c.column_name "
+        "WHERE c.database_name = current_database() AND c.schema_name = current_schema() "
+        "ORDER BY c.table_name, c.column_index")
+    unfit = " UNION ALL ".join(
+        f"SELECT tenant, run_id, doc_sha256, source_uri, page_index, {literal(v['view'])} AS {quote('view')}, "
+        f"unnest({UNFIT_COLUMNS}) AS {quote('column')} FROM {quote(v['view'])}" for v in views if not v["unnests"])
+    con.execute(f"CREATE VIEW typed_unfit AS {unfit}")
+
+
+def _column_rows(view: View) -> list[dict[str, Any]]:
+    """One typed_columns row per column of a view: the keys, the typed columns, the unfit counts."""
+    own = item_columns(view) if view.parent is not None else view.columns
+    parent = f"{view.columns[0].prop}[]" if view.parent is not None else ""
+    meta = [*KEYS, *((ITEM_INDEX,) if parent else ()), *((WHOLE,) if not own else ())]
+    rows = [{"view": view.name, "column": name, "nullable": None, "property": None, "note": None} for name in meta]
+    rows += [{"view": view.name, "column": c.name, "nullable": c.type.nullable,
+              "property": (f"{parent}.{c.prop}" if c.prop else parent) if parent else c.prop,
+              "note": "; ".join(c.type.notes()) or None} for c in own]
+    if not parent:
+        rows += [{"view": view.name, "column": n, "nullable": None, "property": None, "note": None}
+                 for n in (UNFIT_COLUMNS, UNFIT_VALUES)]
+    return rows
+
+
+def _sql_value(value: str | bool | None) -> str:
+    if value is None:
+        return "NULL"
+    return str(value).upper() if isinstance(value, bool) else literal(value)

@@ -1,0 +1,147 @@
+"""The engine feed (transforms/extract/feed.py) over a simulated engine: bounds, attempts, faults.
+The same feed runs over vLLM in tests/transforms/extract/test_extract.py."""
+from __future__ import annotations
+
+import io
+import threading
+from concurrent.futures import Future
+from dataclasses import replace
+
+from PIL import Image
+
+from schemas.extraction import load_schema
+from schemas.records import PageImage
+from transforms.engines.local import EngineSettings
+from transforms.engines.simulated import PAGE_TEXT, SimulatedEngine
+from transforms.extract.feed import PageFeed, extract_all
+from transforms.extract.stage import ExtractConfig, in_flight_limit, make_task
+from transforms.model import budget
+
+ENGINE = EngineSettings(model="m", model_revision="r", max_model_len=8192, max_num_seqs=4, gpu_memory_utilization=0.9,
+                        tensor_parallel_size=1, limit_mm_per_prompt=1, kv_cache_gib=None, enforce_eager=True)
+
+
+def config(**changes: object) -> ExtractConfig:
+    base = ExtractConfig(schema=load_schema("page_text"), tenant="t", model="m", model_revision="r", render_key="k",
+                         model_family="qwen2_vl", max_model_len=8192, max_tokens=256, max_attempts=2,
+                         gpu_hourly_usd=2.5, api_price="gpt-4o", prices=budget.load_prices())
+    return replace(base, **changes)
+
+
+def page(i: int, width: int = 300) -> PageImage:
+    buf = io.BytesIO()
+    Image.new("RGB", (width, 400), (i % 255, 0, 0)).save(buf, format="JPEG")
+    return PageImage(doc_sha256="d" * 64, source_uri=f"p{i}.png", page_index=0, page_hash=f"{i:064d}",
+                     image=buf.getvalue(), width=width, height=400)
+
+
+def tasks(n: int, cfg: ExtractConfig) -> list:
+    return [make_task(page(i), ENGINE, cfg)[1] for i in range(n)]
+
+
+class Counting(SimulatedEngine):
+    """Records how many requests were submitted and not yet finished, at most."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.lock = threading.Lock()
+        self.open = self.peak = 0
+
+    def submit(self, request, params):
+        with self.lock:
+            self.open += 1
+            self.peak = max(self.peak, self.open)
+        future = super().submit(request, params)
+        future.add_done_callback(lambda _: self._closed())
+        return future
+
+    def _closed(self) -> None:
+        with self.lock:
+            self.open -= 1
+
+
+def test_pages_in_flight_stay_bounded_and_all_finish() -> None:
+    engine = Counting(slots=2, seconds=0.01)
+    results = extract_all(engine, tasks(30, config()), config(), max_in_flight=5)
+    assert [r.status for r in results] == ["ok"] * 30
+    assert 2 < engine.peak <= 5  # the engine had more than its slots queued, never more than the bound
+    assert all(r.extraction == PAGE_TEXT and r.attempts == 1 and r.finished_at for r in results)
+    assert all(r.gpu_seconds > 0 for r in results)
+    assert engine.submitted == 30
+
+
+def test_in_flight_limit_follows_max_num_seqs() -> None:
+    assert in_flight_limit(config(), ENGINE, cpu=False) == 8
+    assert in_flight_limit(config(), replace(ENGINE, max_num_seqs=256), cpu=True) == 32  # CPU runs 16 at once
+    assert in_flight_limit(config(max_in_flight=3), ENGINE, cpu=False) == 3
+
+
+def test_a_key_in_flight_is_claimed_once() -> None:
+    feed = PageFeed(SimulatedEngine(seconds=0.01), config(), 4)
+    first, is_first = feed.claim("k")
+    again, is_again = feed.claim("k")
+    assert is_first and not is_again and again is first
+    assert feed.claim("other")[1]
+
+
+def test_invalid_output_is_retried_then_reported() -> None:
+    engine = SimulatedEngine(seconds=0.0, text='{"language": "english", "lines": [], "tables": []}')
+    (r,) = extract_all(engine, tasks(1, config()), config())
+    assert (r.status, r.reason_code, r.attempts) == ("invalid", "schema_invalid", 2)
+    assert engine.submitted == 2 and r.extraction is None
+
+
+class Rejecting(SimulatedEngine):
+    def submit(self, request, params):
+        if request["multi_modal_data"]["image"].width == 333:
+            future: Future = Future()
+            future.set_exception(ValueError("request rejected (injected)"))
+            return future
+        return super().submit(request, params)
+
+
+def test_rejected_request_fails_alone_without_restart() -> None:
+    cfg = config()
+    engine = Rejecting(seconds=0.0)
+    ok, bad = extract_all(engine, [make_task(page(1), ENGINE, cfg)[1], make_task(page(2, 333), ENGINE, cfg)[1]], cfg)
+    assert ok.status == "ok"
+    assert (bad.status, bad.reason_code, bad.attempts) == ("failed", "engine_error", 2)
+    assert "injected" in (bad.message or "") and engine.starts == 1
+
+
+class Dying(SimulatedEngine):
+    """Every request in flight fails at once, as when the engine process dies, until restarted."""
+
+    def submit(self, request, params):
+        if self.starts == 1:
+            future: Future = Future()
+            future.set_exception(RuntimeError("EngineCore died unexpectedly"))
+            return future
+        return super().submit(request, params)
+
+
+def test_dead_engine_is_restarted_once_and_pages_resubmitted() -> None:
+    engine = Dying(seconds=0.0)
+    results = extract_all(engine, tasks(6, config()), config(), max_in_flight=6)
+    assert [r.status for r in results] == ["ok"] * 6
+    assert engine.starts == 2  # six failed requests, one restart
+    assert all(r.attempts == 1 for r in results)  # a request lost with the engine is not an attempt
+
+
+class NeverStarts(SimulatedEngine):
+    def tokenizer(self):
+        raise RuntimeError("no GPU (injected)")
+
+
+def test_engine_that_cannot_start_fails_every_page_as_a_row() -> None:
+    results = extract_all(NeverStarts(), tasks(3, config()), config(), max_in_flight=2)
+    assert [(r.status, r.reason_code, r.attempts) for r in results] == [("failed", "engine_error", 0)] * 3
+    assert all("could not start" in (r.message or "") for r in results)
+
+
+def test_prompt_over_max_model_len_never_reaches_the_engine() -> None:
+    engine = SimulatedEngine(seconds=0.0)
+    cfg = config(max_model_len=300)
+    (r,) = extract_all(engine, tasks(1, cfg), cfg)
+    assert (r.status, r.reason_code, r.attempts) == ("failed", "over_token_budget", 0)
+    assert engine.submitted == 0

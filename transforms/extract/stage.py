@@ -1,0 +1,270 @@
+"""Extract: pages stream into one engine per process, JSON-schema-constrained decoding.
+
+No barrier before the model: each page is looked up as it arrives, then submitted at once.
+- an earlier run's reusable row for the page's cache key (a side input of key -> row, read from
+  earlier `pages` files: no page image crosses a shuffle) gives a `cached` row at zero cost;
+- a key already done or in flight in this worker process gives a `duplicate` row once the first
+  page's result is back (the copy waits, it is not sent; zero cost);
+- any other page is decoded and submitted to the process's engine feed (transforms/extract/feed.py),
+  which keeps a bounded number of pages in flight; rows are emitted as results come back, and a
+  bundle's last pages are drained in finish_bundle.
+Copies of one page handled by different worker processes of a run may both reach the model: both
+rows then say `route = model`, and the ledger counts both. Every page ends as a row: ok, invalid,
+failed or duplicate, never an exception across the pipeline.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.transforms.window import GlobalWindows
+from apache_beam.utils import shared
+
+from schemas.extraction import ExtractionSchema
+from schemas.records import API_ROUTE_PREFIX, ExtractionResult, PageImage, PageRow, PageTask
+from schemas.statuses import DUPLICATE, OK
+from transforms.engines.local import CPU_MAX_NUM_SEQS, Engine, EngineSettings, PageEngine
+from transforms.model import budget
+from transforms.model.markdown import MarkdownFormat, front_matter_columns
+from transforms.model.postfilter import OutputFlags, markdown_flags, output_flags
+from transforms.model.prompt import SHARED_FIRST, SYSTEM_PROMPT, DecodingParams, cache_key, config_key
+from transforms.output.cache import cached_row
+from transforms.pages.sizes import low_detail_size
+
+EngineFactory = Callable[[EngineSettings], PageEngine]
+
+
+@dataclass(frozen=True)
+class ExtractConfig:
+    schema: ExtractionSchema
+    tenant: str
+    model: str
+    model_revision: str | None
+    render_key: str  # the key of the render, gate, hints and engine settings: pipelines/run/settings.py
+    model_family: Any  # a family name, or a transforms.model.token_math.ImageTokenRule (the model folder's settings)
+    max_model_len: int
+    max_tokens: int
+    max_attempts: int
+    gpu_hourly_usd: float
+    api_price: str
+    prices: dict[str, Any]
+    max_in_flight: int = 0  # pages in flight per engine; 0: twice the engine's max_num_seqs
+    route: str = "model"  # the ledger route of pages sent to the model: model, served or api:<provider>
+    # Markdown output (transforms/model/markdown.py); `schema` is then its front matter's schema, named after it.
+    markdown: MarkdownFormat | None = None
+    prompt_layout: str = SHARED_FIRST  # transforms.model.prompt.PROMPT_LAYOUTS: keyed, it changes the prompt
+    answer_timeout_s: float = 0.0  # wall-clock limit of one answer (transforms/extract/feed.py); 0: none
+
+    @property
+    def decoding(self) -> DecodingParams:
+        return DecodingParams(max_tokens=self.max_tokens)
+
+    @cached_property
+    def config_key(self) -> str:
+        # Read twice per page; computed once (cache_key.py keys dataclasses.fields only, never this cache).
+        return config_key(self)
+
+
+def in_flight_limit(cfg: ExtractConfig, engine: EngineSettings, cpu: bool) -> int:
+    """Pages in flight per engine: about twice the sequences it runs at once, so that continuous
+    batching always has the next pages queued. Pure."""
+    if cfg.max_in_flight > 0:
+        return cfg.max_in_flight
+    seqs = min(engine.max_num_seqs, CPU_MAX_NUM_SEQS) if cpu else engine.max_num_seqs
+    return 2 * max(1, seqs)
+
+
+def make_task(page: PageImage, engine: EngineSettings, cfg: ExtractConfig) -> tuple[str, PageTask]:
+    """Key a page by everything that can change its extraction. Pure. The hint is the hints stage's
+    (already capped, fenced-marker free and scanned); a page sent at low detail is a different image."""
+    hint = page.hint
+    image_key = page.page_hash if not page.detail_side else f"{page.page_hash}@{page.detail_side}"
+    key = cache_key(image_key, cfg.config_key, hint)
+    tokens = budget.estimate_image_tokens(cfg.model_family, *low_detail_size(page.width, page.height, page.detail_side))
+    tokens += budget.text_tokens_estimate(hint) + cfg.max_tokens
+    return key, PageTask(page=page, cache_key=key, hint=hint, estimated_tokens=tokens)
+
+
+def to_rows(result: Any, engine: EngineSettings, cfg: ExtractConfig) -> Iterator[PageRow]:
+    """`result` is (task, ExtractionResult) (a PredictionResult or a tuple): the extracted page's row. A page
+    that shared its key gets `copy_row`."""
+    task, r = (result.example, result.inference) if hasattr(result, "inference") else result
+    page = task.page
+    # A page the model never saw would cost nothing at a hosted API either; one the model saw costs its image
+    # under --api-price's own image rule (budget.hosted_cost, as `pagemill estimate` prices it).
+    api_usd = budget.hosted_cost(cfg.api_price, r.sent_width or page.width, r.sent_height or page.height,
+                                 r.text_tokens, r.output_tokens, cfg.prices) if r.attempts else 0.0
+    out = result_flags(r, cfg)
+    saved = 0
+    if page.detail_side and r.image_tokens:  # sent at low detail: what full detail would have cost more
+        saved = max(0, budget.estimate_image_tokens(cfg.model_family, page.width, page.height) - r.image_tokens)
+    yield PageRow.of_page(page, r.status, route=cfg.route if r.attempts else "failed",
+                          image_tokens=r.image_tokens, text_tokens=r.text_tokens, output_tokens=r.output_tokens,
+                          attempts=r.attempts, gpu_seconds=r.gpu_seconds, cost_usd=page_cost_usd(r, cfg),
+                          api_equivalent_usd=api_usd,
+                          flags=tuple(dict.fromkeys(page.flags + r.flags + out.flags)),
+                          flag_detail=page.flag_detail + out.notes, image_tokens_saved=saved,
+                          cached_prompt_tokens=r.cached_prompt_tokens, stop_reason=r.stop_reason,
+                          extracted_at=r.finished_at, **_common(task, r, engine, cfg))
+
+
+def page_cost_usd(r: ExtractionResult, cfg: ExtractConfig) -> float:
+    """What a page sent to the model cost: its share of the engine's (or the served endpoint's) busy time at
+    --gpu-hourly-usd, or a hosted API's list price for the tokens its `usage` reported. Pure."""
+    if cfg.route.startswith(API_ROUTE_PREFIX):
+        provider = cfg.route.removeprefix(API_ROUTE_PREFIX)
+        return budget.api_cost_usd(provider, r.image_tokens + r.text_tokens, r.output_tokens, cfg.prices)
+    return r.gpu_seconds * cfg.gpu_hourly_usd / 3600.0
+
+
+def copy_row(copy: PageImage, task: PageTask, r: ExtractionResult, engine: EngineSettings,
+             cfg: ExtractConfig) -> PageRow:
+    """A page that shares `task`'s key: its result, at zero cost. Pure."""
+    out = result_flags(r, cfg)
+    status = DUPLICATE if r.status == OK else r.status
+    done = max((t for t in (r.finished_at, copy.rendered_at) if t is not None), default=None)
+    return PageRow.of_page(copy, status, route="duplicate",
+                           flags=tuple(dict.fromkeys(copy.flags + r.flags + out.flags)),
+                           flag_detail=copy.flag_detail + out.notes, extracted_at=done,
+                           **_common(task, r, engine, cfg))
+
+
+def result_flags(r: ExtractionResult, cfg: ExtractConfig) -> OutputFlags:
+    """The post-filter's flags: on the JSON extraction, or on a markdown page's front matter and text."""
+    if cfg.markdown is None:
+        return output_flags(r.extraction, cfg.schema.schema, SYSTEM_PROMPT)
+    fm = output_flags(r.extraction, cfg.schema.schema, cfg.markdown.system_prompt)
+    md = markdown_flags(r.markdown, cfg.markdown.system_prompt)
+    return OutputFlags(tuple(dict.fromkeys(fm.flags + md.flags)), tuple(dict.fromkeys(fm.notes + md.notes)))
+
+
+def _common(task: PageTask, r: ExtractionResult, engine: EngineSettings, cfg: ExtractConfig) -> dict[str, Any]:
+    markdown = {}
+    if cfg.markdown is not None:
+        markdown = {"markdown": r.markdown, **(front_matter_columns(r.extraction) if cfg.markdown.front_matter
+                                               and r.status == OK else {})}
+    return {**markdown, "cache_key": task.cache_key, "config_key": cfg.config_key, "schema_id": cfg.schema.schema_id,
+            "schema_hash": cfg.schema.schema_hash, "model": engine.model, "model_revision": engine.model_revision,
+            "extraction": r.extraction, "validation_errors": r.validation_errors, "reason_code": r.reason_code,
+            "message": r.message}
+
+
+@dataclass
+class _Pending:
+    task: PageTask  # the page without its image bytes
+    result: Future[ExtractionResult]
+    first: bool  # this page went to the model; else it is a copy of one that did
+
+
+class StreamExtractDoFn(beam.DoFn):
+    """PageImage -> PageRow as results come back; one engine feed per worker process."""
+
+    def __init__(self, engine: EngineSettings, cfg: ExtractConfig, engine_factory: EngineFactory) -> None:
+        self.engine = engine
+        self.cfg = cfg
+        self.engine_factory = engine_factory
+        self._shared = shared.Shared()  # one feed (and engine) per process, whatever the thread count
+
+    def setup(self) -> None:
+        from transforms.extract.feed import PageFeed
+
+        def build() -> PageFeed:
+            engine = self.engine_factory(self.engine)
+            cpu = _is_cpu() if hasattr(engine, "settings") else False  # vLLM, here or remote
+            return PageFeed(engine, self.cfg, in_flight_limit(self.cfg, self.engine, cpu))
+
+        self._feed = self._shared.acquire(build)
+        self._feed.attach()
+
+    def teardown(self) -> None:
+        # The last DoFn instance of the process stops the engine, so a finished pipeline frees its memory.
+        feed = getattr(self, "_feed", None)
+        if feed is not None:
+            feed.detach()
+
+    def start_bundle(self) -> None:
+        self._pending: list[_Pending] = []
+
+    def process(self, page: PageImage, earlier: Mapping[str, Mapping[str, Any]]) -> Iterator[PageRow]:
+        now = dt.datetime.now(dt.UTC)
+        page = replace(page, rendered_at=page.rendered_at or now)
+        key, task = make_task(page, self.engine, self.cfg)
+        row = earlier.get(key)
+        if row is not None:
+            cached = cached_row(row, page.doc_sha256, page.source_uri, page.page_index)
+            # The hashes the gate just computed, so the next run's reuse can re-check this copy (cache.py).
+            yield replace(cached, rendered_at=page.rendered_at, extracted_at=now, pdq_hash=page.pdq_hash,
+                          pdq_hash_low=page.pdq_hash_low)
+            return
+        result, first = self._feed.claim(key)
+        if first:
+            # The window is full: emit what is done while waiting for a slot.
+            while not self._feed.slots.acquire(timeout=0.05):
+                yield from self._ready()
+            self._feed.start(task, result)
+        self._pending.append(_Pending(replace(task, page=replace(task.page, image=b"")), result, first))
+        yield from self._ready()
+
+    def _ready(self) -> Iterator[PageRow]:
+        if not any(p.result.done() for p in self._pending):
+            return
+        waiting = []
+        for p in self._pending:
+            if p.result.done():
+                yield from self._rows(p)
+            else:
+                waiting.append(p)
+        self._pending = waiting
+
+    def _rows(self, p: _Pending) -> Iterator[PageRow]:
+        r = p.result.result()
+        if p.first:
+            yield from to_rows((p.task, r), self.engine, self.cfg)
+        else:
+            yield copy_row(p.task.page, p.task, r, self.engine, self.cfg)
+
+    def finish_bundle(self) -> Iterator[Any]:
+        pending, self._pending = self._pending, []
+        for p in pending:
+            p.result.result()  # every claimed page ends with a result (transforms.extract.feed's promise)
+            for row in self._rows(p):
+                yield GlobalWindows.windowed_value(row)
+
+
+def _is_cpu() -> bool:
+    from transforms.engines.local import is_cpu_platform
+
+    return is_cpu_platform()
+
+
+def _latest(rows: list[Mapping[str, Any]]) -> Mapping[str, Any]:
+    return max(rows, key=lambda r: r["created_at"])
+
+
+class ExtractPages(beam.PTransform):
+    """PageImage -> PageRow: reused from earlier runs by cache key, else through the engine once per
+    key and process. `earlier` holds earlier runs' reusable `pages` rows (cache.ReadEarlierPages)."""
+
+    def __init__(self, engine: EngineSettings, cfg: ExtractConfig, engine_factory: EngineFactory = Engine,
+                 earlier: beam.PCollection | None = None) -> None:
+        super().__init__()
+        self.engine = engine
+        self.cfg = cfg
+        self.engine_factory = engine_factory
+        self.earlier = earlier
+
+    def expand(self, pages: beam.PCollection) -> beam.PCollection:
+        earlier = self.earlier if self.earlier is not None else pages.pipeline | "NoEarlier" >> beam.Create([])
+        # Only earlier rows are grouped (small, text only); the side input is one map per worker.
+        by_key = (
+            earlier
+            | "EarlierByKey" >> beam.Map(lambda r: (r["cache_key"], r))
+            | "LatestPerKey" >> beam.CombinePerKey(_latest)
+        )
+        return pages | "Stream" >> beam.ParDo(StreamExtractDoFn(self.engine, self.cfg, self.engine_factory),
+                                              earlier=beam.pvalue.AsDict(by_key))
