@@ -102,7 +102,7 @@ def prefill_figures(tok: Any, todo: Sequence[Any], layout: str, block: int) -> d
     import statistics
 
     from schemas.extraction import load_schema
-    from transforms.model import budget
+    from transforms.model import token_math
     from transforms.model.prompt import chat_messages, clean_hint
 
     schema, image_id = load_schema("invoice").schema, tok.convert_tokens_to_ids("<|image_pad|>")
@@ -111,7 +111,7 @@ def prefill_figures(tok: Any, todo: Sequence[Any], layout: str, block: int) -> d
         text = tok.apply_chat_template(chat_messages(schema, clean_hint(page.text_layer, 4000), tok, layout=layout),
                                        tokenize=False, add_generation_prompt=True)
         ids = tok.encode(text, add_special_tokens=False)
-        image = budget.estimate_image_tokens("qwen2_vl", page.width, page.height)
+        image = token_math.estimate_image_tokens("qwen2_vl", page.width, page.height)
         prompts.append(len(ids) - 1 + image)  # the one placeholder becomes the image's tokens
         shared.append(ids.index(image_id))  # tokens before the image: the same on every page
     cached = min(shared) // block * block

@@ -34,7 +34,7 @@ from transforms.hints.choose import HintSettings, apply_hint, choose_hint  # noq
 from transforms.hints.ocr import OcrResult, OcrSettings, run_tesseract  # noqa: E402
 from transforms.intake.formats import sniff_format  # noqa: E402
 from transforms.intake.inspection import IntakeLimits, inspect_document  # noqa: E402
-from transforms.model import budget  # noqa: E402
+from transforms.model import token_math  # noqa: E402
 from transforms.pages.render import RenderSettings, render_document  # noqa: E402
 from transforms.pages.sizes import low_detail_size  # noqa: E402
 
@@ -118,9 +118,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             # What this page would have cost had it been OCR'd: measured, not assumed.
             ocr_cpu["text_layer"] += timed_ocr(page.image, settings.ocr)[1]
         seen.add(hashlib.sha256(page.image).hexdigest())
-        full = budget.estimate_image_tokens("qwen2_vl", page.width, page.height)
+        full = token_math.estimate_image_tokens("qwen2_vl", page.width, page.height)
         tokens_full += full
-        tokens_sent += budget.estimate_image_tokens(
+        tokens_sent += token_math.estimate_image_tokens(
             "qwen2_vl", *low_detail_size(page.width, page.height, hinted.detail_side))
     wall = time.perf_counter() - wall
     text_pages = routes["text_layer"]

@@ -4,7 +4,7 @@ rendering (`pipelines.estimate.scan`), apply dedup by sha256 and the result cach
 price them: self-hosted GPU time from a measured throughput, and hosted APIs at their list prices.
 
 Every figure says where it comes from (the `assumptions` list). Image tokens for --model-family are the
-page stage's exact sizes through `transforms.model.budget`'s estimator (exact for Qwen2-VL); the prompt's text
+page stage's exact sizes through `transforms.model.token_math`'s estimator (exact for Qwen2-VL); the prompt's text
 tokens are exact when --model's tokenizer is on this machine, else characters / 4.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ from schemas.records import API_ROUTE_PREFIX
 from schemas.statuses import FAILED, REJECTED
 from transforms.hints.choose import HintSettings
 from transforms.intake.listing import list_matching
-from transforms.model import budget
+from transforms.model import budget, token_math
 from transforms.model.markdown import MarkdownFormat
 from transforms.model.prompt import SHARED_FIRST, SYSTEM_PROMPT, chat_messages, clean_hint, control_tokens, user_text
 from transforms.pages.sizes import low_detail_size
@@ -206,9 +206,9 @@ def plan_pages(docs: Sequence[Scanned], o: PagemillOptions, prompt: PromptTokens
         if size is None:
             plans.append(PagePlan(uri, p.page_index, p.width, p.height, 0, 0, 0, 0, FAILED, "over_token_budget"))
             continue
-        tokens = {k: budget.estimate_image_tokens(family, *v) if v else 0 for k, v in
+        tokens = {k: token_math.estimate_image_tokens(family, *v) if v else 0 for k, v in
                   (("low", small), ("high", high), ("sent", size))}
-        full = budget.estimate_image_tokens(family, p.width, p.height)
+        full = token_math.estimate_image_tokens(family, p.width, p.height)
         if share is not None:  # not rendered: the expected tokens at its stratum's measured low share
             plans.append(PagePlan(uri, p.page_index, p.width, p.height, size[0], size[1],
                                   round(expected_tokens(tokens["low"] or tokens["high"], tokens["high"] or

@@ -120,7 +120,7 @@ def test_extraction_on_the_gpu_gives_schema_valid_json(gpu_engine: Engine, gpu_s
     from tests import docmaker
     from transforms.extract.feed import extract_all
     from transforms.extract.stage import make_task
-    from transforms.model import budget
+    from transforms.model import token_math
 
     cfg = extract_config()
     pages = rendered_pages({"inv.pdf": docmaker.invoice_pdf(), "multi.pdf": docmaker.multipage_pdf(3),
@@ -133,7 +133,7 @@ def test_extraction_on_the_gpu_gives_schema_valid_json(gpu_engine: Engine, gpu_s
         jsonschema.validate(json.loads(r.extraction), cfg.schema.schema)
         assert r.attempts >= 1 and r.output_tokens > 0 and r.gpu_seconds > 0 and r.text_tokens > 0
         # Same exact image-token count on the GPU as on the CPU: the estimator reproduces the processor.
-        assert r.image_tokens == budget.estimate_image_tokens("qwen2_vl", task.page.width, task.page.height)
+        assert r.image_tokens == token_math.estimate_image_tokens("qwen2_vl", task.page.width, task.page.height)
 
 
 def test_more_pages_than_max_num_seqs_in_flight_fill_the_gpu_engine(gpu_engine: Engine,

@@ -13,7 +13,7 @@ from schemas.extraction import load_schema
 from tests import docmaker
 from tests.conftest import vllm_available
 from tests.pipelines.raw import one_row_per, raw_rows
-from transforms.model import budget
+from transforms.model import token_math
 from transforms.pages.sizes import low_detail_size
 
 pytestmark = [pytest.mark.vllm,
@@ -105,9 +105,9 @@ def test_ledger_has_engine_tokens_and_costs(extracted: Path) -> None:
     assert ledger
     for row in ledger:
         # --detail auto sends pages that their hint covers at --low-detail-side (640 px).
-        full = budget.estimate_image_tokens("qwen2_vl", row["width"], row["height"])
+        full = token_math.estimate_image_tokens("qwen2_vl", row["width"], row["height"])
         sent = low_detail_size(row["width"], row["height"], 640 if row["detail"] == "low" else 0)
-        assert row["image_tokens"] == budget.estimate_image_tokens("qwen2_vl", *sent)
+        assert row["image_tokens"] == token_math.estimate_image_tokens("qwen2_vl", *sent)
         assert row["image_tokens_saved"] == full - row["image_tokens"]
         assert row["text_tokens"] > 0 and row["output_tokens"] > 0 and row["attempts"] >= 1
         assert row["gpu_seconds"] > 0

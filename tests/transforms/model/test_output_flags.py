@@ -11,7 +11,7 @@ from schemas.extraction import load_schema
 from schemas.records import FLAGS, ExtractionResult, PageImage
 from transforms.engines.local import EngineSettings
 from transforms.extract.stage import ExtractConfig, copy_row, make_task, to_rows
-from transforms.model import budget
+from transforms.model import budget, token_math
 from transforms.model.postfilter import output_flags
 from transforms.model.prompt import SYSTEM_PROMPT
 from transforms.safety.pii import find, iban_ok, luhn_ok
@@ -97,8 +97,8 @@ def test_low_detail_changes_the_key_the_estimate_and_saves_tokens() -> None:
     high_key, high = make_task(page(), ENGINE, cfg)
     low_key, low = make_task(page(detail="low", detail_side=640), ENGINE, cfg)
     assert high_key != low_key and high.hint == low.hint == "Total 120.00"
-    full = budget.estimate_image_tokens("qwen2_vl", 910, 1288)
-    small = budget.estimate_image_tokens("qwen2_vl", 452, 640)
+    full = token_math.estimate_image_tokens("qwen2_vl", 910, 1288)
+    small = token_math.estimate_image_tokens("qwen2_vl", 452, 640)
     assert high.estimated_tokens - low.estimated_tokens == full - small
     result = ExtractionResult(status="ok", extraction=json.dumps(CLEAN), image_tokens=small, text_tokens=80,
                               output_tokens=60, attempts=1, gpu_seconds=0.2, sent_width=452, sent_height=640)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from transforms.model import budget
-from transforms.model.token_math import DEFAULT_RULES, ImageTokenRule, rule_for
+from transforms.model.token_math import DEFAULT_RULES, ImageTokenRule, estimate_image_tokens, rule_for
 
 SIZES = [(595, 842), (1288, 910), (300, 200), (1288, 1288), (64, 1288), (1288, 40), (1000, 999), (2480, 3508)]
 random.seed(7)
@@ -100,10 +100,10 @@ def test_llama32_rule_matches_transformers_canvas() -> None:
 
 def test_budget_takes_a_rule_or_a_name() -> None:
     rule = ImageTokenRule("qwen2_vl", min_pixels=3136, max_pixels=256 * 28 * 28)
-    assert budget.estimate_image_tokens(rule, 2480, 3508) <= 256
+    assert estimate_image_tokens(rule, 2480, 3508) <= 256
     # 336 x 336 by hand: the 336x672 pinpoint keeps all pixels and wastes least; its 24 x 48 grid is unpadded to
     # 24 x 24 (square image), so 576 (base tile) + 576 (grid) + 24 (one newline a row) = 1176.
-    assert budget.estimate_image_tokens("llava_next", 336, 336) == 1176
+    assert estimate_image_tokens("llava_next", 336, 336) == 1176
     size = budget.fit_to_token_budget(2480, 3508, 100, rule)
     assert size is not None and rule.tokens(*size) <= 100
 
