@@ -25,7 +25,7 @@ from transforms.model import budget
 from transforms.pages import sizes
 from transforms.pages.render import RenderSettings, render_document
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CORPUS = SHARED_CORPUS / "extraction_gt"
 LIMITS = IntakeLimits(max_bytes=50 * 2**20, max_pages=5000, max_image_pixels=89_478_485)
 needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")

@@ -19,7 +19,7 @@ from tests.conftest import CORPUS, vllm_available
 from tests.pipelines.raw import one_row_per, raw_rows
 from transforms.output.write import write_rows
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize(("truth", "got"), [
