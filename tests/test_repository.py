@@ -1,6 +1,7 @@
 """The repository itself: it names no machine (no absolute path of a developer's or CI's machine in any
 tracked file; the shared corpus is `../shared/corpus` beside the clone, or $PAGEMILL_CORPUS), cites no file
-outside it, keeps its layers (nothing in transforms/ or schemas/ imports pipelines/) and its modules short."""
+outside it, keeps its layers (nothing in transforms/ or schemas/ imports pipelines/; transforms/' rooms import
+downward only and in no circle) and its modules short."""
 from __future__ import annotations
 
 import ast
@@ -71,6 +72,136 @@ def test_imports_of_sees_every_kind_of_import() -> None:
     source = ("import os, pipelines.tables.sql as s\nfrom pipelines import cli\nfrom ..pipelines import x\n"
               "def f():\n    from pipelines.tables.sql import TABLE_KEYS\n")
     assert imports_of(source) == ["os", "pipelines.tables.sql", "pipelines", "..pipelines", "pipelines.tables.sql"]
+
+
+# The rooms of transforms/, low to high: a module imports from its own room or a lower one, never a higher one,
+# and no modules import each other in a circle (lazy and type-only imports count: they are the usual way a
+# circle is papered over). Each room is one folder (or a top-level module); a new one must be placed here.
+TRANSFORMS_ROOMS = ("text_safety", "child_process", "intake", "pages", "safety", "model", "hints", "output",
+                    "document_work", "engines", "extract")
+
+
+def _module_name(path: str) -> str:
+    parts = path.removesuffix(".py").split("/")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(sources: dict[str, str]) -> dict[str, set[str]]:
+    """Each module of `sources` (repository path -> source) -> the modules of `sources` it imports: `import` and
+    `from ... import` at module level, inside functions and under `if TYPE_CHECKING:`, absolute and relative.
+    `from pkg import mod` is an import of pkg.mod when that is a module, else of pkg. Top-level packages
+    (transforms/__init__.py) are left out: every import runs them, so they say nothing about the order."""
+    modules = {_module_name(p) for p in sources}
+
+    def nearest(name: str) -> str:  # the module itself, or the package that holds the name
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph: dict[str, set[str]] = {}
+    for path, source in sources.items():
+        me = _module_name(path)
+        package = me.split(".") if path.endswith("__init__.py") else me.split(".")[:-1]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                targets |= {nearest(alias.name) for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join([*package[:len(package) - node.level + 1], *([base] if base else [])])
+                for alias in node.names:
+                    targets.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else nearest(base))
+        graph[me] = {t for t in targets if "." in t and t != me}
+    return {m: ts for m, ts in graph.items() if "." in m}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle (a -> b -> ... -> a) through each group of modules that import each other, directly or not."""
+    found: list[list[str]] = []
+    seen: set[str] = set()
+    for start in sorted(graph):
+        if start in seen:
+            continue
+        # The shortest way back to `start` (breadth first), if there is one.
+        back: dict[str, str] = {}
+        frontier = [start]
+        while frontier and start not in back:
+            nxt = []
+            for m in frontier:
+                for t in sorted(graph.get(m, ())):
+                    if t not in back:
+                        back[t] = m
+                        nxt.append(t)
+            frontier = nxt
+        if start in back:
+            path = [start]
+            while back[path[-1]] != start:
+                path.append(back[path[-1]])
+            circle = [start, *reversed(path[1:]), start]
+            seen |= set(circle)
+            found.append(circle)
+    return found
+
+
+def upward_imports(graph: dict[str, set[str]], rooms: tuple[str, ...]) -> list[str]:
+    """Edges from a room to a higher one (and modules whose room is not declared), as 'a (room) -> b (room)'."""
+    def room(module: str) -> str:
+        return module.split(".")[1]
+
+    found = sorted({f"{m} ({room(m)}) is in no declared room" for m in graph if room(m) not in rooms})
+    found += sorted(f"{m} ({room(m)}) -> {t} ({room(t)})" for m, ts in graph.items() for t in ts
+                    if room(m) in rooms and room(t) in rooms and rooms.index(room(t)) > rooms.index(room(m)))
+    return found
+
+
+def _graph_of(folder: str) -> dict[str, set[str]]:
+    return import_graph({str(p.relative_to(REPO)): p.read_text(encoding="utf-8") for p in _modules(folder)})
+
+
+def test_transforms_has_no_import_circle() -> None:
+    graph = _graph_of("transforms")
+    assert len(graph) > 30 and any(graph.values())  # the folder and its imports were found
+    found = circles(graph)
+    assert not found, "import circles in transforms/:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_transforms_rooms_import_only_their_own_or_lower_rooms() -> None:
+    found = upward_imports(_graph_of("transforms"), TRANSFORMS_ROOMS)
+    assert not found, ("upward imports in transforms/ (rooms low to high: " + " < ".join(TRANSFORMS_ROOMS) + "):\n"
+                       + "\n".join(found))
+
+
+def test_engines_never_import_the_extraction_stage() -> None:
+    found = sorted(f"{m} -> {t}" for m, ts in _graph_of("transforms").items() for t in ts
+                   if m.startswith("transforms.engines") and t.startswith("transforms.extract"))
+    assert not found, "transforms/engines/ imports transforms/extract/:\n" + "\n".join(found)
+
+
+def test_import_graph_sees_every_kind_of_import() -> None:
+    sources = {
+        "t/__init__.py": "import os\n",
+        "t/a/__init__.py": "from . import x\n",  # relative, in a package: t.a.x
+        "t/a/x.py": "import t.b.y as y\nfrom t.b import z\nfrom t.c import NAME\n",  # module, module, package
+        "t/a/w.py": "from .x import f\nfrom ..b import y\nfrom .. import c\n",  # relative: t.a.x, t.b.y, t.c
+        "t/b/__init__.py": "",
+        "t/b/y.py": "def f():\n    from t.c.v import g\n",  # lazy
+        "t/b/z.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from t.a.w import h\n",  # type-only
+        "t/c/__init__.py": "NAME = 1\n",
+        "t/c/v.py": "import json, t.b.z\nimport t\n",  # the top package is not an edge
+    }
+    assert import_graph(sources) == {
+        "t.a": {"t.a.x"}, "t.a.x": {"t.b.y", "t.b.z", "t.c"}, "t.a.w": {"t.a.x", "t.b.y", "t.c"},
+        "t.b": set(), "t.b.y": {"t.c.v"}, "t.b.z": {"t.a.w"}, "t.c": set(), "t.c.v": {"t.b.z"},
+    }
+
+
+def test_the_circle_and_room_checks_fail_when_they_should() -> None:
+    graph = {"t.a.x": {"t.b.y"}, "t.b.y": {"t.b.z"}, "t.b.z": {"t.a.x"}, "t.c.v": {"t.a.x"}, "t.d.u": set()}
+    assert circles(graph) == [["t.a.x", "t.b.y", "t.b.z", "t.a.x"]]
+    assert circles({"t.a.x": {"t.b.y"}, "t.b.y": set()}) == []
+    assert upward_imports(graph, ("a", "b", "c")) == ["t.d.u (d) is in no declared room", "t.a.x (a) -> t.b.y (b)"]
+    assert upward_imports({"t.b.y": {"t.a.x", "t.b.z"}}, ("a", "b")) == []
 
 
 def test_no_module_is_over_400_lines() -> None:
