@@ -248,7 +248,6 @@ class PageTask:
     page: PageImage
     cache_key: str
     hint: str
-    estimated_tokens: int
 
 
 @dataclass(frozen=True)

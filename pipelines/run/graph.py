@@ -14,8 +14,8 @@ from schemas.records import PageImage, PageRow
 from schemas.statuses import CACHED, REJECTED, RENDERED
 from transforms.document_work.timed import TimedRenderPagesDoFn
 from transforms.document_work.work import PageStages
-from transforms.engines.local import Engine
-from transforms.extract.stage import EngineFactory, ExtractPages  # vLLM is imported by workers only
+from transforms.engines import make  # the engine's modules (vLLM, the HTTP client) are imported by workers only
+from transforms.extract.stage import EngineFactory, ExtractPages
 from transforms.hints.choose import HintsDoFn, Ocr
 from transforms.intake.accept import IntakeDoFn
 from transforms.intake.dedup import DUPLICATES, DedupDocuments, SkipEarlierWaves
@@ -55,27 +55,18 @@ def rendered_only(page: PageImage) -> PageRow:
 
 
 def extract_pages(pages: beam.PCollection, s: RunSettings, earlier: beam.PCollection,
-                  engine_factory: EngineFactory = Engine) -> beam.PCollection:
-    """PageImage -> PageRow. The model stage plugs in here; `s.extract` is None in a render-only run."""
+                  engine_factory: EngineFactory = make) -> beam.PCollection:
+    """PageImage -> PageRow. The model stage plugs in here; `s.extract` is None in a render-only run. The engine
+    is made from the run's engine settings (a served endpoint's when there is one), by their kind."""
     if s.extract is None:
         return pages | "RenderedOnly" >> beam.Map(rendered_only)
-    if engine_factory is Engine and s.endpoint is not None:
-        from functools import partial
-
-        from transforms.engines.served import OpenAIEngine
-
-        engine_factory = partial(OpenAIEngine, s.endpoint)
-    elif engine_factory is Engine and s.engine.service_dir:
-        from transforms.engines.machine import RemoteEngine
-
-        engine_factory = RemoteEngine
-    return pages | "Extract" >> ExtractPages(s.engine, s.extract, engine_factory, earlier=earlier)
+    return pages | "Extract" >> ExtractPages(s.engine, s.extract, engine_factory, earlier=earlier, endpoint=s.endpoint)
 
 
 def build_pipeline(p: beam.Pipeline, s: RunSettings, run: Mapping[str, Any],
                    earlier_files: Sequence[str] = (), done_files: Sequence[str] = (),
                    modified_since: float | None = None, modified_until: float | None = None, *,
-                   engine_factory: EngineFactory = Engine, ocr: Ocr | None = None,
+                   engine_factory: EngineFactory = make, ocr: Ocr | None = None,
                    intake_count: PageCounter = count_pages, listing: beam.PTransform | None = None,
                    earlier_kept: Sequence[str] = (), prefix: str = PART_PREFIX) -> None:
     """`s`: the run's settings (pipelines/run/settings.py). `earlier_files`: `pages` files under the output root

@@ -125,8 +125,7 @@ def endpoint_settings(o: PagemillOptions) -> EndpointSettings:
     from transforms.engines.served import EndpointSettings
 
     return EndpointSettings(endpoint=o.endpoint or "", model=o.model, api_key_env=o.api_key_env,
-                            concurrency=max(1, o.concurrency), request_timeout_s=o.request_timeout_s,
-                            model_family=o.model_family)
+                            concurrency=max(1, o.concurrency), request_timeout_s=o.request_timeout_s)
 
 
 def model_route(o: PagemillOptions) -> str:

@@ -139,7 +139,7 @@ class EngineHold:
             if Path(self.folder or "", SOCKET).exists():
                 try:
                     engine = RemoteEngine(self.settings)
-                    engine._connected()  # connect only: no request is ever sent on it
+                    engine.start()  # connect only: no request is ever sent on it
                     self.engine = engine
                 except Exception as err:  # noqa: BLE001
                     log.warning("could not hold the engine service between waves: %s", err)
@@ -150,7 +150,7 @@ class EngineHold:
         if self._thread is not None:
             self._thread.join()
         if self.engine is not None:
-            self.engine.close()
+            self.engine.shutdown()
 
 
 def _waves(listing: Listing | None, done: Waves) -> Iterator[int]:

@@ -26,10 +26,12 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from transforms.engines.base import Answer, Completion, EngineDead, PageRequest, Prepared, RequestRejected, Sampling
 from transforms.engines.heap import HeapTrimmer, fix_mmap_threshold
 from transforms.engines.repetition import StreamedAnswer, aborted
+from transforms.engines.templated import Templated, image_token_id_of
 
 log = logging.getLogger(__name__)
 CPU_MAX_NUM_SEQS = 16
@@ -52,6 +54,11 @@ class EngineSettings:
     # Set: one engine for the machine, a service process in this folder that every worker process
     # feeds (transforms/engines/machine.py). None: one engine per worker process.
     service_dir: str | None = None
+
+    @property
+    def kind(self) -> str:
+        """The engine `transforms.engines.make` builds for these settings."""
+        return "machine" if self.service_dir else "local"
 
 
 def is_cpu_platform() -> bool:
@@ -125,69 +132,23 @@ def engine_kwargs(s: EngineSettings, cpu: bool) -> dict[str, Any]:
     return kwargs
 
 
-@dataclass(frozen=True)
-class Sample:
-    """The fields of one vLLM CompletionOutput that the stage reads."""
-
-    text: str
-    token_ids: tuple[int, ...]
-    finish_reason: str | None = "stop"
+def engine_sequences(s: EngineSettings, cpu: bool) -> int:
+    """How many sequences a vLLM engine of settings `s` runs at once (a CPU engine is capped). Pure."""
+    return min(s.max_num_seqs, CPU_MAX_NUM_SEQS) if cpu else s.max_num_seqs
 
 
-@dataclass(frozen=True)
-class EngineOutput:
-    """The fields of vLLM's RequestOutput that the stage reads (remote, served and simulated engines)."""
+def vllm_sampling(sampling: Sampling) -> Any:
+    """vLLM's SamplingParams of pagemill's Sampling (the local engine, and the engine service's)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
 
-    prompt_token_ids: list[int]
-    outputs: list[Sample]
-    finished: bool = True
-    # (image, text, output) tokens as a served endpoint reports them (its `usage`), where there are no
-    # token ids to count; None: counted from the token ids.
-    token_counts: tuple[int, int, int] | None = None
-    num_cached_tokens: int | None = None  # prompt tokens from the prefix cache (vLLM's RequestOutput field)
-
-
-def image_token_id_of(tok: Any) -> int | None:
-    for name in ("<|image_pad|>", "<image>", "<IMG_CONTEXT>"):  # Qwen2-VL, LLaVA(-NeXT), InternVL
-        token_id = tok.convert_tokens_to_ids(name)
-        if isinstance(token_id, int) and token_id != getattr(tok, "unk_token_id", None):
-            return token_id
-    return None
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One finished request: vLLM's RequestOutput and its share of the engine's busy time."""
-
-    output: Any
-    gpu_seconds: float
-
-
-class PageEngine(Protocol):
-    """What the extraction stage needs from an engine. `Engine` is vLLM in this process;
-    tests and benchmarks put fault injectors or simulated engines of a fixed capacity here."""
-
-    starts: int  # how many times the engine has started: `restart(seen)` is a no-op once it moved on
-
-    def submit(self, request: dict[str, Any], params: Any) -> Future[Completion]:
-        """Queue one request ({"prompt": text, "multi_modal_data": {"image": PIL image}}, and from the feed
-        "page": its encoded source, transforms/extract/feed.py PageSource). The
-        future fails with ValueError when the engine rejects the request, with any other
-        exception when the engine itself failed."""
-        ...
-
-    def abort(self, future: Future[Completion]) -> None:
-        """Stop the request behind `future` (its caller gave up on it: --answer-timeout-s), freeing its
-        sequence; the future then fails. A no-op for one already done."""
-        ...
-
-    def tokenizer(self) -> Any: ...
-
-    def image_token_id(self) -> int | None: ...
-
-    def restart(self, seen: int | None = None) -> None: ...
-
-    def close(self) -> None: ...
+    constraint = None
+    if sampling.json is not None:
+        constraint = StructuredOutputsParams(json=dict(sampling.json))
+    elif sampling.regex is not None:
+        constraint = StructuredOutputsParams(regex=sampling.regex)
+    return SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens,
+                          structured_outputs=constraint)
 
 
 class Engine:
@@ -208,12 +169,14 @@ class Engine:
         self.starts = 0
         self.start_error: Exception | None = None
         self.busy_seconds = 0.0
-        self._queue: queue.SimpleQueue[tuple[dict[str, Any], Any, Future[Completion]]] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Any, Any, Future[Completion]]] = queue.SimpleQueue()
         self._aborts: queue.SimpleQueue[Future[Completion]] = queue.SimpleQueue()
         self._ids = itertools.count()
         self._loop_thread: threading.Thread | None = None
         self._stopped = threading.Event()
         self._tokenizer: Any = None
+        self._templated: Templated | None = None
+        self._image_id: int | None = None
         self._heap = HeapTrimmer()
         # Started on first use: a run whose pages all come from the cache never pays for a start.
 
@@ -230,11 +193,12 @@ class Engine:
                 # A model that could not start will not start on the next page either: fail fast.
                 raise self.start_error
             try:
-                self.start()
+                self.launch()
             except Exception as err:
                 self.start_error = err
                 raise
             self._tokenizer = self.llm.get_tokenizer()
+            self._image_id = image_token_id_of(self._tokenizer)  # image tokens are counted by it
         if self._loop_thread is None or not self._loop_thread.is_alive() or self._stopped.is_set():
             # A stopped loop may still be finishing its last turn: the new one gets its own stop flag.
             self._stopped = threading.Event()
@@ -244,6 +208,18 @@ class Engine:
         return self.llm
 
     def start(self) -> None:
+        """Start the engine now (it also starts on first use); EngineDead when it cannot."""
+        try:
+            self._started()
+        except Exception as err:
+            log.error("vLLM engine could not start: %s: %s", type(err).__name__, err)
+            raise EngineDead(f"{type(err).__name__}: {err}") from err
+
+    def sequences(self) -> int:
+        return engine_sequences(self.settings, is_cpu_platform())
+
+    def launch(self) -> None:
+        """Make the vllm.LLM (a subclass notes each start here)."""
         import vllm
 
         cpu = is_cpu_platform()
@@ -293,25 +269,37 @@ class Engine:
         self._started()
         return self._tokenizer
 
-    def image_token_id(self) -> int | None:
-        return image_token_id_of(self.tokenizer())
+    def prepare(self, request: PageRequest) -> Prepared:
+        """The page's prompt with this engine's tokenizer and template (transforms/engines/templated.py)."""
+        self.start()
+        templated = self._templated
+        if templated is None or templated.tokenizer is not self._tokenizer:  # once per (re)started engine
+            templated = self._templated = Templated(self._tokenizer)
+        return templated.prepare(request)
 
-    def submit(self, request: dict[str, Any], params: Any) -> Future[Completion]:
-        """Queue one request; raises if the engine cannot start."""
-        self._started()
+    def submit(self, prepared: Prepared, sampling: Sampling) -> Future[Completion]:
+        """Queue one request (a Prepared whose request is vLLM's: {"prompt", "multi_modal_data"}); raises
+        EngineDead if the engine cannot start."""
+        self.start()
         future: Future[Completion] = Future()
-        self._queue.put((request, params, future))
+        self._queue.put((prepared.request, vllm_sampling(sampling), future))
         return future
 
     def abort(self, future: Future[Completion]) -> None:
         if not future.done():
             self._aborts.put(future)  # the loop owns the engine: it aborts the request at its next turn
 
+    def _answer(self, prompt_ids: list[int], answer: StreamedAnswer, reason: str | None, cached: int) -> Answer:
+        """The answer with its token counts: image tokens are the prompt's image token ids."""
+        text, token_ids, reason = answer.sample(reason)
+        image = sum(1 for t in prompt_ids if t == self._image_id) if self._image_id is not None else 0
+        return Answer(text, reason, image, len(prompt_ids) - image, len(token_ids), cached)
+
     def _step(self, core: Any) -> list[Any]:
         """One engine step (a seam for fault injection in tests)."""
         return core.step()
 
-    def _admit(self, llm: Any, request: dict[str, Any], params: Any) -> str:
+    def _admit(self, llm: Any, request: Any, params: Any) -> str:
         from vllm.sampling_params import RequestOutputKind
 
         # LLM.generate's own path, one request at a time: render the prompt (the image processor
@@ -342,17 +330,19 @@ class Engine:
                 llm = self.llm
                 if generation != self.starts or llm is None:
                     # The engine was closed or re-created: what it held is gone.
-                    failed += [(a.future, RuntimeError("engine was restarted")) for a in in_flight.values()]
+                    failed += [(a.future, EngineDead("engine was restarted")) for a in in_flight.values()]
                     in_flight.clear()
                     generation = self.starts
                 for request, params, future in new:
                     if llm is None:
-                        failed.append((future, RuntimeError("engine is not running")))
+                        failed.append((future, EngineDead("engine is not running")))
                         continue
                     try:
                         in_flight[self._admit(llm, request, params)] = StreamedAnswer(future, self.guarded)
-                    except Exception as err:  # noqa: BLE001 - a rejected request (ValueError) fails alone
-                        failed.append((future, err))
+                    except ValueError as err:  # vLLM's refusal of this request's input: it fails alone
+                        failed.append((future, RequestRejected(f"{type(err).__name__}: {err}")))
+                    except Exception as err:  # noqa: BLE001 - anything else: the engine may be dead
+                        failed.append((future, EngineDead(f"{type(err).__name__}: {err}")))
                 stop = aborted(self._aborts, in_flight)  # given up by their callers (--answer-timeout-s)
                 for rid in stop:
                     failed.append((in_flight.pop(rid).future, RuntimeError("request aborted: answer timeout")))
@@ -362,7 +352,7 @@ class Engine:
                         outputs = self._step(llm.llm_engine)
                     except Exception as err:  # noqa: BLE001 - the engine died: every request in it fails
                         log.error("vLLM engine step failed: %s: %s", type(err).__name__, err)
-                        failed += [(a.future, err) for a in in_flight.values()]
+                        failed += [(a.future, EngineDead(f"{type(err).__name__}: {err}")) for a in in_flight.values()]
                         in_flight.clear()
                         outputs = []
                     seconds = time.perf_counter() - t0
@@ -379,8 +369,8 @@ class Engine:
                             if not out.finished:
                                 stop.append(out.request_id)
                             del in_flight[out.request_id]
-                            output = EngineOutput(list(out.prompt_token_ids or []), [Sample(*answer.sample(reason))],
-                                                  num_cached_tokens=getattr(out, "num_cached_tokens", None))
+                            output = self._answer(list(out.prompt_token_ids or []), answer, reason,
+                                                  getattr(out, "num_cached_tokens", None) or 0)
                             finished.append((answer.future, Completion(output, answer.gpu_seconds)))
                 if stop and llm is not None:
                     try:
@@ -395,4 +385,4 @@ class Engine:
             if finished:
                 self._heap.maybe_trim()
         for answer in in_flight.values():  # stopped with requests in it: they fail, never hang
-            answer.future.set_exception(RuntimeError("engine was shut down"))
+            answer.future.set_exception(EngineDead("engine was shut down"))

@@ -3,9 +3,9 @@
 With several worker processes (`--direct_running_mode=multi_processing`, or several SDK processes
 on a Dataflow VM) a per-process engine would mean one vLLM engine per process, and on one GPU the
 second cannot get memory. Instead the first worker process that needs the model starts an engine
-service process (`python -P -m transforms.engines.machine DIR`, one per DIR, guarded by a file lock, with a
-minimal environment: machine_folder.service_env); every worker process connects to it through a local Unix
-socket in DIR (multiprocessing.connection's HMAC handshake, with a random authkey kept in DIR).
+service process (`python -P -m transforms.engines.machine DIR`: machine_service.py; one per DIR, guarded by a
+file lock, with a minimal environment: machine_folder.service_env); every worker process connects to it through a
+local Unix socket in DIR (multiprocessing.connection's HMAC handshake, with a random authkey kept in DIR).
 
 DIR is private to the user (transforms/engines/machine_folder.py): created 0700 in a per-user base, and both
 checked (a real directory, ours, no group/other bits) before any use by a worker or the service; a folder that
@@ -13,9 +13,10 @@ fails is refused (`FolderRefused`: the pages fail with `engine_error`, the run s
 
 Frames, not pickles (transforms/engines/machine_wire.py): a page crosses the socket as its encoded bytes (the
 JPEG the page stage made) with its detail side and target size, and the service makes the engine's pixels with
-the function the local engine path uses (feed.page_pixels), so the engine sees exactly what a local engine
-would; the prompt text and the sampling fields go as JSON. Results come back as token ids, text and
-gpu_seconds. Prompts are built in the workers with the model's tokenizer, loaded there. The service exits a
+the function the local engine path uses (templated.page_pixels), so the engine sees exactly what a local engine
+would; the prompt text and the sampling fields go as JSON. Results come back as text, finish reason, token
+counts (the service's engine counts them) and gpu_seconds. Prompts are built in the workers with the model's
+tokenizer, loaded there (templated.py). The service exits a
 few seconds after its last worker disconnects.
 """
 from __future__ import annotations
@@ -29,182 +30,38 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import asdict, replace
-from functools import partial
-from multiprocessing.connection import Client, Connection, Listener, answer_challenge, deliver_challenge
+from dataclasses import asdict
+from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from typing import Any
 
 from transforms.child_process import python_argv
 from transforms.engines import machine_wire as wire
-from transforms.engines.local import (
-    Completion,
-    Engine,
-    EngineOutput,
-    EngineSettings,
-    PageEngine,
-    Sample,
-    image_token_id_of,
-)
+from transforms.engines.base import Answer, Completion, EngineDead, PageRequest, Prepared, RequestRejected, Sampling
+from transforms.engines.local import EngineSettings, engine_sequences, is_cpu_platform
 from transforms.engines.machine_folder import (
     AUTHKEY_BYTES,
-    MAX_SETTINGS_BYTES,
-    check_folder,
     last_line,
     open_private,
     prepare_folder,
     read_authkey,
-    read_private,
     service_env,
     write_new,
 )
 from transforms.engines.machine_folder import service_dir as service_dir  # the settings compute it from here
-from transforms.extract.feed import PageSource, page_pixels, vllm_sampling
+from transforms.engines.machine_service import IDLE_EXIT_S as IDLE_EXIT_S
+from transforms.engines.machine_service import SOCKET as SOCKET
+from transforms.engines.machine_service import serve as serve
+from transforms.engines.templated import Templated
 
 log = logging.getLogger(__name__)
-IDLE_EXIT_S = 10.0  # the service exits this long after its last worker disconnected
 CONNECT_TIMEOUT_S = 120.0
-SOCKET = "engine.sock"
-EngineMaker = Callable[[EngineSettings, Path], PageEngine]
-
-
-class _CountingEngine(Engine):
-    """The service's engine: every start is a line in DIR/starts (one engine per run: tests count them)."""
-
-    def __init__(self, settings: EngineSettings, directory: Path) -> None:
-        super().__init__(settings)
-        self.directory = directory
-
-    def start(self) -> None:
-        super().start()
-        with open(self.directory / "starts", "a") as handle:
-            handle.write(f"{os.getpid()} {time.time():.3f}\n")
-
-
-def serve(directory: Path, make_engine: EngineMaker = _CountingEngine,
-          sampling: Callable[[dict[str, Any]], Any] = vllm_sampling) -> None:
-    """The engine service's main loop: accept workers until none is left. `make_engine` and `sampling` are
-    the engine and its sampling parameters (tests put a stub engine here, behind the real socket)."""
-    check_folder(directory)
-    settings = EngineSettings(**json.loads(read_private(directory / "settings.json", MAX_SETTINGS_BYTES)))
-    authkey = read_authkey(directory)
-    engine = make_engine(replace(settings, service_dir=None), directory)
-    # No authkey here: the handshake runs in each connection's thread, so a peer that stalls in it
-    # holds up only itself, and a failed one never stops the accept loop.
-    listener = Listener(str(directory / SOCKET), family="AF_UNIX")
-    state = {"clients": 0, "idle_since": time.monotonic()}
-    lock = threading.Lock()
-
-    def watchdog() -> None:
-        while True:
-            time.sleep(1.0)
-            with lock:
-                if state["clients"] == 0 and time.monotonic() - state["idle_since"] > IDLE_EXIT_S:
-                    log.info("engine service: no workers left, exiting")
-                    os._exit(0)
-
-    threading.Thread(target=watchdog, daemon=True).start()
-    while True:
-        try:
-            conn = listener.accept()
-        except OSError as err:
-            log.warning("engine service: accept failed: %s", err)
-            continue
-        with lock:
-            state["clients"] += 1
-        worker = partial(_serve_worker, engine, sampling, conn, authkey, lock, state)
-        threading.Thread(target=worker, daemon=True).start()
-
-
-def _handshake(conn: Connection, authkey: bytes) -> bool:
-    """Multiprocessing's HMAC challenge both ways (as Listener.accept does): bytes only, nothing unpickled."""
-    try:
-        deliver_challenge(conn, authkey)
-        answer_challenge(conn, authkey)
-        return True
-    except Exception as err:  # noqa: BLE001 - a wrong key, a dead or garbled peer: this connection only
-        log.warning("engine service: a connection failed the authkey handshake: %s: %s", type(err).__name__, err)
-        return False
-
-
-def _serve_worker(engine: PageEngine, sampling: Callable[[dict[str, Any]], Any], conn: Connection, authkey: bytes,
-                  lock: threading.Lock, state: dict[str, Any]) -> None:
-    send_lock = threading.Lock()
-    submitted: dict[int, Future[Completion]] = {}  # this worker's requests in the engine, for `abort`
-
-    def reply(header: dict[str, Any]) -> None:
-        with send_lock:
-            try:
-                wire.send(conn, header)
-            except (OSError, EOFError):
-                pass  # the worker went away; its pages went with it
-
-    def error(rid: int, kind: str, err: BaseException) -> None:
-        reply({"kind": "error", "rid": rid, "error": kind, "message": f"{type(err).__name__}: {err}"[:2000],
-               "starts": engine.starts})
-
-    def done(rid: int, future: Future[Completion]) -> None:
-        err = future.exception()
-        if err is not None:
-            return error(rid, "rejected" if isinstance(err, ValueError) else "engine", err)
-        c = future.result()
-        samples = [[s.text, list(s.token_ids), s.finish_reason] for s in c.output.outputs]
-        reply({"kind": "done", "rid": rid, "prompt_token_ids": list(c.output.prompt_token_ids or []),
-               "samples": samples, "gpu_seconds": float(c.gpu_seconds), "starts": engine.starts,
-               "cached_tokens": int(getattr(c.output, "num_cached_tokens", None) or 0)})
-
-    def restart(seen: int) -> None:
-        try:
-            engine.restart(seen)
-        except Exception as err:  # noqa: BLE001 - the worker's pages fail as rows; see Engine.restart
-            log.error("engine could not restart: %s: %s", type(err).__name__, err)
-        reply({"kind": "starts", "starts": engine.starts})
-
-    try:
-        if not _handshake(conn, authkey):
-            return
-        while True:
-            try:
-                header, payload = wire.recv(conn, wire.TO_SERVICE)
-            except (EOFError, OSError):
-                return
-            except wire.FrameError as err:
-                log.warning("engine service: malformed frame, connection closed: %s", err)
-                return
-            if header["kind"] == "restart":
-                threading.Thread(target=restart, args=(header["seen"],), daemon=True).start()
-                continue
-            if header["kind"] == "abort":  # the worker gave up on it (--answer-timeout-s): free its sequence
-                running = submitted.get(header["rid"])
-                if running is not None:
-                    engine.abort(running)
-                continue
-            sub = wire.as_submit(header, payload)
-            try:  # the same pixels a local engine gets (feed.prepare): decoded, capped, fitted
-                image = page_pixels(sub.image, sub.detail_side, sub.size)
-                params = sampling(sub.sampling)
-            except Exception as err:  # noqa: BLE001 - an undecodable page or bad parameters: this request only
-                error(sub.rid, "rejected", ValueError(f"{type(err).__name__}: {err}"))
-                continue
-            try:
-                future = engine.submit({"prompt": sub.prompt, "multi_modal_data": {"image": image}}, params)
-            except Exception as err:  # noqa: BLE001 - the engine cannot start: this request fails
-                error(sub.rid, "engine", err)
-                continue
-            submitted[sub.rid] = future
-            future.add_done_callback(lambda _, rid=sub.rid: submitted.pop(rid, None))
-            future.add_done_callback(partial(done, sub.rid))
-    finally:
-        conn.close()
-        with lock:
-            state["clients"] -= 1
-            state["idle_since"] = time.monotonic()
 
 
 class RemoteEngine:
-    """A worker process's handle on the machine's engine service (the PageEngine protocol)."""
+    """A worker process's handle on the machine's engine service (the PageEngine contract, transforms/engines/base.py):
+    prompts are built here with the model's tokenizer; the service runs them."""
 
     def __init__(self, settings: EngineSettings) -> None:
         if not settings.service_dir:
@@ -219,35 +76,57 @@ class RemoteEngine:
         self._next = 0
         self._restarted = threading.Condition()
         self._restart_replies = 0  # answers to "restart" (a failed restart answers too, starts unchanged)
-        self._tokenizer: Any = None
+        self._templated: Templated | None = None
 
     def tokenizer(self) -> Any:
-        if self._tokenizer is None:
+        if self._templated is None:
             from vllm.tokenizers import get_tokenizer
 
             model = self.settings.model
             revision = None if Path(model).exists() else self.settings.model_revision
-            self._tokenizer = get_tokenizer(model, revision=revision)
-        return self._tokenizer
+            self._templated = Templated(get_tokenizer(model, revision=revision))
+        return self._templated.tokenizer
 
-    def image_token_id(self) -> int | None:
-        return image_token_id_of(self.tokenizer())
+    def start(self) -> None:
+        """Connect to the service, starting it if need be; EngineDead when that fails."""
+        try:
+            self._connected()
+        except Exception as err:
+            raise EngineDead(f"the engine service: {type(err).__name__}: {err}") from err
 
-    def submit(self, request: dict[str, Any], params: Any) -> Future[Completion]:
-        """Send the page's encoded bytes (the feed's PageSource); a request with only a PIL image is sent as
-        lossless PNG. Raises FrameError (a ValueError: this request is rejected) over the frame limits."""
+    def sequences(self) -> int:
+        return engine_sequences(self.settings, is_cpu_platform())
+
+    def prepare(self, request: PageRequest) -> Prepared:
+        """The prompt with the model's tokenizer, loaded in this process (EngineDead when it cannot be)."""
+        try:
+            tokenizer = self.tokenizer()
+        except Exception as err:
+            raise EngineDead(f"its tokenizer: {type(err).__name__}: {err}") from err
+        if self._templated is None or self._templated.tokenizer is not tokenizer:
+            self._templated = Templated(tokenizer)
+        return self._templated.prepare(request)
+
+    def submit(self, prepared: Prepared, sampling: Sampling) -> Future[Completion]:
+        """Send the page's encoded bytes (its fitted PageSource); a request with only a PIL image is sent as
+        lossless PNG. RequestRejected over the frame limits."""
+        request = prepared.request
         source = request.get("page")
-        if isinstance(source, PageSource):
-            data, side, size = source.data, source.detail_side, source.size
+        if source is not None:
+            data, side = source.data, source.detail_side
+            size = source.size or (prepared.width, prepared.height)
         else:
             img = request["multi_modal_data"]["image"]
             data, side, size = wire.encode_png(img), 0, img.size
-        conn = self._connected()
-        future: Future[Completion] = Future()
         with self._lock:
             self._next += 1
             rid = self._next
-        frame = wire.encode(wire.submit_header(rid, request["prompt"], wire.fields_of(params), side, size), data)
+        try:
+            frame = wire.encode(wire.submit_header(rid, request["prompt"], sampling.fields(), side, size), data)
+        except wire.FrameError as err:
+            raise RequestRejected(str(err)) from err
+        conn = self._connected()
+        future: Future[Completion] = Future()
         with self._lock:
             self._futures[rid] = future
         try:
@@ -278,6 +157,9 @@ class RemoteEngine:
             with self._send_lock:
                 wire.send(conn, {"kind": "restart", "seen": seen if seen is not None else self.starts})
             self._restarted.wait_for(lambda: self._restart_replies != answered or self._conn is None, timeout=3600)
+
+    def shutdown(self) -> None:
+        self.close()
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
@@ -363,12 +245,11 @@ class RemoteEngine:
             if future is None:
                 continue
             if header["kind"] == "done":
-                samples = [Sample(text, tuple(ids), reason) for text, ids, reason in header["samples"]]
-                future.set_result(Completion(EngineOutput(header["prompt_token_ids"], samples,
-                                                          num_cached_tokens=header["cached_tokens"]),
-                                             header["gpu_seconds"]))
+                image, text, output = header["tokens"]
+                answer = Answer(header["text"], header["finish_reason"], image, text, output, header["cached_tokens"])
+                future.set_result(Completion(answer, header["gpu_seconds"]))
             else:
-                error = ValueError if header["error"] == "rejected" else RuntimeError
+                error = RequestRejected if header["error"] == "rejected" else EngineDead
                 future.set_exception(error(header["message"]))
         # The service went away: what was in flight fails (and is resubmitted to a new service).
         with self._lock:
@@ -376,7 +257,7 @@ class RemoteEngine:
                 self._conn = None
             lost, self._futures = self._futures, {}
         for future in lost.values():
-            future.set_exception(RuntimeError("engine service connection lost"))
+            future.set_exception(EngineDead("engine service connection lost"))
         with self._restarted:
             self._restarted.notify_all()
 

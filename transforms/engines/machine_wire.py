@@ -10,7 +10,8 @@ nothing.
 
 Messages: worker -> service `submit` (rid, prompt, sampling fields, page detail_side and size; payload: the
 page's encoded bytes), `restart` (seen) and `abort` (rid: --answer-timeout-s gave up on it); service -> worker
-`done` (with the prompt tokens the prefix cache held), `error` (rejected | engine) and `starts`.
+`done` (the answer's text, finish reason and token counts as the service's engine counted them: image, text,
+output, and the prompt tokens the prefix cache held), `error` (rejected | engine) and `starts`.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ ERROR_KINDS = ("rejected", "engine")
 KINDS: dict[str, dict[str, type]] = {
     "submit": {"rid": int, "prompt": str, "sampling": dict, "detail_side": int, "size": list},
     "restart": {"seen": int},
-    "done": {"rid": int, "prompt_token_ids": list, "samples": list, "gpu_seconds": float, "starts": int,
+    "done": {"rid": int, "text": str, "finish_reason": object, "tokens": list, "gpu_seconds": float, "starts": int,
              "cached_tokens": int},
     "abort": {"rid": int},
     "error": {"rid": int, "error": str, "message": str, "starts": int},
@@ -79,7 +80,7 @@ def _ints(value: Any) -> bool:
 
 
 def check_sampling(fields: Any) -> dict[str, Any]:
-    """The sampling fields as pagemill sets them (transforms/extract/feed.py sampling_fields), or FrameError."""
+    """The sampling fields as pagemill sets them (transforms/engines/base.py Sampling.fields), or FrameError."""
     if (not isinstance(fields, dict) or not set(SAMPLING_REQUIRED) <= fields.keys()
             or not fields.keys() <= SAMPLING_FIELDS.keys()
             or not all(_typed(fields[k], SAMPLING_FIELDS[k]) for k in fields) or fields["max_tokens"] < 1):
@@ -99,11 +100,9 @@ def _check(header: dict[str, Any], payload: bytes) -> None:
     elif payload:
         raise FrameError(f"a {kind} frame carries no payload")
     if kind == "done":
-        samples = header["samples"]
-        if not _ints(header["prompt_token_ids"]) or not all(
-                isinstance(s, list) and len(s) == 3 and isinstance(s[0], str) and _ints(s[1])
-                and (s[2] is None or isinstance(s[2], str)) for s in samples):
-            raise FrameError("bad done: token ids or samples")
+        tokens, reason = header["tokens"], header["finish_reason"]
+        if len(tokens) != 3 or not _ints(tokens) or min(tokens) < 0 or not (reason is None or isinstance(reason, str)):
+            raise FrameError("bad done: token counts or finish reason")
     if kind == "error" and header["error"] not in ERROR_KINDS:
         raise FrameError(f"bad error kind {header['error'][:50]!r}")
 
@@ -147,21 +146,6 @@ def submit_header(rid: int, prompt: str, sampling: Mapping[str, Any], detail_sid
 def as_submit(header: dict[str, Any], payload: bytes) -> Submit:
     return Submit(header["rid"], header["prompt"], header["sampling"], header["detail_side"],
                   (header["size"][0], header["size"][1]), payload)
-
-
-def fields_of(params: Any) -> dict[str, Any]:
-    """The JSON fields of the vLLM SamplingParams that pagemill builds (transforms/extract/feed.py
-    sampling_fields; `vllm_sampling` rebuilds them in the service). A Mapping is taken as the fields already."""
-    if isinstance(params, Mapping):
-        return check_sampling(dict(params))
-    fields: dict[str, Any] = {"temperature": params.temperature, "top_p": params.top_p,
-                              "max_tokens": params.max_tokens}
-    constraint = params.structured_outputs
-    if constraint is not None and constraint.json is not None:
-        fields["json"] = constraint.json
-    elif constraint is not None and constraint.regex is not None:
-        fields["regex"] = constraint.regex
-    return fields
 
 
 def encode_png(img: Image.Image) -> bytes:

@@ -1,8 +1,8 @@
 """A served engine: the extraction stage against an OpenAI-compatible endpoint (`--engine openai`).
 
 vLLM's or SGLang's server on a GPU fleet, or a hosted API, in place of the in-process engine, behind
-the same PageEngine protocol, so the same streaming stage (transforms/extract/feed.py) feeds it with
-no barrier: each page becomes one `POST {endpoint}/chat/completions` as it arrives, at most
+the same engine contract (transforms/engines/base.py), so the same streaming stage (transforms/extract/feed.py)
+feeds it with no barrier: each page becomes one `POST {endpoint}/chat/completions` as it arrives, at most
 `concurrency` in flight, sent from one asyncio event loop in a background thread (httpx).
 
 The request is the offline engine's prompt (transforms/engines/served_prompt.py: the same system message,
@@ -13,7 +13,8 @@ template, so the prompt is not counted here: a prompt over the server's context 
 HTTP 400, which becomes `over_token_budget`. The answer is untrusted (transforms/engines/served_answer.py:
 read up to a cap derived from max_tokens, its shape and usage counts checked, else `invalid_response`).
 Token counts come from its `usage`: prompt_tokens is split into image tokens (the --model-family
-estimator on the image as sent, capped at prompt_tokens) and text tokens (the rest).
+estimator on the image as sent, capped at prompt_tokens) and text tokens (the rest). Failures after the
+tries are RequestFailed with their reason code (base.py).
 
 Faults, per try: 429, 408, 5xx and lost connections are retried with exponential backoff and
 jitter, waiting at least what `Retry-After` asks; when the tries run out the page ends as a row with
@@ -38,12 +39,19 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from transforms.engines.local import Completion
+from transforms.engines.base import (
+    Completion,
+    EngineDead,
+    PageRequest,
+    Prepared,
+    RequestFailed,
+    RequestRejected,
+    Sampling,
+)
 from transforms.engines.served_answer import (
     ERROR_BODY_BYTES,
-    RequestFailed,
     answer_cap,
     answer_data,
     completion_output,
@@ -51,14 +59,7 @@ from transforms.engines.served_answer import (
 )
 from transforms.engines.served_endpoint import auth_headers, base_url, model_list
 from transforms.engines.served_prompt import build_request
-from transforms.model.prompt import decoding
 from transforms.text_safety import redact_url
-
-if TYPE_CHECKING:
-    from schemas.extraction import ExtractionSchema
-    from schemas.records import PageTask
-    from transforms.extract.feed import Request
-    from transforms.extract.stage import ExtractConfig
 
 log = logging.getLogger(__name__)
 MAX_RETRY_AFTER_S = 120.0  # a server asking for a longer pause fails the page now (`rate_limited`)
@@ -72,7 +73,6 @@ class EndpointSettings:
     api_key_env: str | None = None  # the environment variable holding the key; the key itself is never stored
     concurrency: int = 8
     request_timeout_s: float = 300.0
-    model_family: str = "qwen2_vl"
     max_retries: int = 4  # tries after the first, for 429 / 5xx / lost connections
     backoff_s: float = 1.0
     max_backoff_s: float = 30.0
@@ -81,22 +81,29 @@ class EndpointSettings:
     def base_url(self) -> str:
         return base_url(self.endpoint)
 
+    @property
+    def kind(self) -> str:
+        """The engine `transforms.engines.make` builds for these settings."""
+        return "served"
 
-def sampling_body(schema: ExtractionSchema, max_tokens: int, attempt: int) -> dict[str, Any]:
-    """Decoding fields of one try, as transforms.extract.feed.sampling_params (`prompt.decoding`). Pure."""
-    temperature, top_p = decoding(attempt)
-    return {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
-            "response_format": {"type": "json_schema",
-                                "json_schema": {"name": re.sub(r"[^A-Za-z0-9_-]", "_", schema.schema_id)[:64],
-                                                "schema": dict(schema.schema),
-                                                "strict": True}}}
+
+def sampling_body(sampling: Sampling, schema_id: str) -> dict[str, Any]:
+    """The body's decoding fields of one try (pagemill's Sampling: base.py), its JSON schema as response_format
+    named after `schema_id`. Pure."""
+    body: dict[str, Any] = {"max_tokens": sampling.max_tokens, "temperature": sampling.temperature,
+                            "top_p": sampling.top_p}
+    if sampling.json is not None:
+        body["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": re.sub(r"[^A-Za-z0-9_-]", "_", schema_id)[:64],
+                                                   "schema": dict(sampling.json), "strict": True}}
+    return body
 
 
 def request_body(model: str, request: Mapping[str, Any], params: Mapping[str, Any], vllm: bool) -> dict[str, Any]:
     """The JSON body of one chat completion. A vLLM server also gets its own structured-output field (the
     same schema: the response_format of older vLLM releases or other servers may be advisory). Pure."""
     body = {"model": model, "messages": request["messages"], **params}
-    if vllm:
+    if vllm and "response_format" in params:
         body["structured_outputs"] = {"json": params["response_format"]["json_schema"]["schema"]}
     return body
 
@@ -170,10 +177,10 @@ class WallShares:
 
 
 class OpenAIEngine:
-    """The PageEngine protocol over an OpenAI-compatible endpoint. Thread-safe: any thread may submit."""
+    """The engine contract (base.py) over an OpenAI-compatible endpoint. Thread-safe: any thread may submit."""
 
-    def __init__(self, endpoint: EndpointSettings, settings: Any = None) -> None:
-        self.endpoint = endpoint  # `settings` (the vLLM EngineSettings) is what a factory is called with
+    def __init__(self, endpoint: EndpointSettings) -> None:
+        self.endpoint = endpoint
         self.starts = 0
         self.vllm = False
         self._lock = threading.Lock()
@@ -193,30 +200,37 @@ class OpenAIEngine:
     def busy_seconds(self) -> float:
         return self._shares.busy_seconds
 
-    # The server holds the tokenizer: the feed asks the engine for requests and decoding fields.
-    def tokenizer(self) -> Any:
-        return None
+    def start(self) -> None:
+        self._started()
 
-    def image_token_id(self) -> int | None:
-        return None
+    def sequences(self) -> int:
+        return max(1, self.endpoint.concurrency)
 
-    def build_request(self, task: PageTask, cfg: ExtractConfig) -> Request:
-        return build_request(task, cfg)
-
-    def sampling_params(self, schema: ExtractionSchema, max_tokens: int, attempt: int) -> dict[str, Any]:
-        return sampling_body(schema, max_tokens, attempt)
+    def prepare(self, request: PageRequest) -> Prepared:
+        """The OpenAI messages (served_prompt.py): the server holds the tokenizer and counts the prompt."""
+        try:
+            return build_request(request)
+        except Exception as err:  # this page's input (an undecodable image), not the endpoint
+            raise RequestRejected(f"request could not be built: {type(err).__name__}: {err}") from err
 
     def restart(self, seen: int | None = None) -> None:
         """Nothing to re-create: a server that went away is the server's to restart."""
 
-    def submit(self, request: dict[str, Any], params: Any) -> Future[Completion]:
-        loop = self._started()
+    def submit(self, prepared: Prepared, sampling: Sampling) -> Future[Completion]:
+        try:
+            loop = self._started()
+        except Exception as err:
+            raise EngineDead(f"the endpoint client: {type(err).__name__}: {err}") from err
         future: Future[Completion] = Future()
         with self._lock:
             self._pending.add(future)
         future.add_done_callback(self._forget)
-        asyncio.run_coroutine_threadsafe(self._call(request, params, future), loop)
+        params = sampling_body(sampling, prepared.request.get("schema_id", "schema"))
+        asyncio.run_coroutine_threadsafe(self._call(prepared.request, params, future), loop)
         return future
+
+    def shutdown(self) -> None:
+        self.close()
 
     def close(self) -> None:
         """Stop the event loop; a request still in flight fails (never a future left unresolved)."""
@@ -235,7 +249,7 @@ class OpenAIEngine:
                 thread.join(timeout=5)
         for future in pending:
             if not future.done():
-                future.set_exception(RuntimeError("engine was shut down"))
+                future.set_exception(EngineDead("engine was shut down"))
 
     def _forget(self, future: Future[Completion]) -> None:
         with self._lock:

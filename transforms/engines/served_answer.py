@@ -22,21 +22,12 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from transforms.engines.local import EngineOutput, Sample
+from transforms.engines.base import Answer, RequestFailed
 
 BYTES_PER_TOKEN = 256  # a bound on one token's JSON-escaped text, not an estimate (see above)
 ENVELOPE_BYTES = 64 * 1024  # the response around the content: id, model, usage, finish_reason, ...
 ERROR_BODY_BYTES = 64 * 1024  # an error answer is read this far: only its first lines are kept anyway
 MAX_PROMPT_TOKENS = 1 << 24  # 16.8 M: over every served model's context length
-
-
-class RequestFailed(ValueError):
-    """One request failed for good (after its retries), with the reason code its page row gets. A
-    ValueError: the request failed, not the engine; the feed does not restart anything for it."""
-
-    def __init__(self, reason_code: str, message: str) -> None:
-        super().__init__(message)
-        self.reason_code = reason_code
 
 
 def invalid(message: str) -> RequestFailed:
@@ -118,8 +109,8 @@ def usage_count(usage: Mapping[str, Any], name: str, most: int) -> int:
     return value
 
 
-def completion_output(data: Mapping[str, Any], image_tokens: int, max_tokens: int) -> EngineOutput:
-    """A chat completion's response as the EngineOutput the stage reads, with token counts from `usage`;
+def completion_output(data: Mapping[str, Any], image_tokens: int, max_tokens: int) -> Answer:
+    """A chat completion's response as the Answer the feed reads, with token counts from `usage`;
     `invalid_response` when its shape or counts are not those of an answer to a request of `max_tokens`. Pure."""
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
@@ -139,5 +130,4 @@ def completion_output(data: Mapping[str, Any], image_tokens: int, max_tokens: in
     # The prompt tokens the server's prefix cache held, where it says (OpenAI, vLLM with prompt-tokens details).
     details = usage.get("prompt_tokens_details") or {}
     cached = usage_count(details, "cached_tokens", prompt) if isinstance(details, dict) else 0
-    return EngineOutput(prompt_token_ids=[], outputs=[Sample(text or "", (), finish)],
-                        token_counts=(image, prompt - image, output), num_cached_tokens=cached)
+    return Answer(text or "", finish, image, prompt - image, output, cached)

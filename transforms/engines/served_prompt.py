@@ -18,18 +18,14 @@ import io
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from transforms.model import budget
+from transforms.engines.base import PageRequest, Prepared
+from transforms.model import token_math
 from transforms.model.prompt import SHARED_FIRST, control_tokens
 from transforms.model.prompt import chat_messages as prompt_messages
 from transforms.pages.render import decode_rgb
 from transforms.pages.sizes import low_detail_size, resize_for_detail
-
-if TYPE_CHECKING:
-    from schemas.records import PageTask
-    from transforms.extract.feed import Request
-    from transforms.extract.stage import ExtractConfig
 
 log = logging.getLogger(__name__)
 
@@ -93,12 +89,21 @@ def chat_messages(schema: Mapping[str, Any], hint: str, image_url: str,
     return prompt_messages(schema, hint, controls=controls, layout=layout, image=image)
 
 
-def build_request(task: PageTask, cfg: ExtractConfig) -> Request:
-    """One page's request (messages, and the image tokens its usage is split by)."""
-    from transforms.extract.feed import Request
+def build_request(request: PageRequest) -> Prepared:
+    """One page's request: the messages, the image tokens its usage is split by, and the schema's name for
+    response_format. The image is sent at its detail; the server counts the prompt (text_tokens 0)."""
+    page, parts = request.page, request.prompt
+    width, height = _size(page.data)
+    url, width, height = page_image(page.data, width, height, page.detail_side)
+    image_tokens = token_math.estimate_image_tokens(request.budget.model_family, width, height)
+    messages = chat_messages(parts.schema, parts.hint, url, served_controls(request.model), parts.layout)
+    return Prepared({"messages": messages, "image_tokens": image_tokens, "schema_id": parts.schema_id}, 0, width,
+                    height)
 
-    page = task.page
-    url, width, height = page_image(page.image, page.width, page.height, page.detail_side)
-    image_tokens = budget.estimate_image_tokens(cfg.model_family, width, height)
-    messages = chat_messages(cfg.schema.schema, task.hint, url, served_controls(cfg.model), cfg.prompt_layout)
-    return Request({"messages": messages, "image_tokens": image_tokens}, 0, width, height)
+
+def _size(data: bytes) -> tuple[int, int]:
+    """The encoded page's size, read from its header (no decode)."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as img:
+        return img.size

@@ -15,10 +15,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from transforms.engines.local import Completion, EngineOutput, Sample
-from transforms.model import budget
+from transforms.engines.base import Answer, Completion, EngineDead, PageRequest, Prepared, Sampling
+from transforms.engines.templated import Templated
+from transforms.model import token_math
 
-IMAGE_TOKEN = 1
 PAGE_TEXT = '{"language": "en", "lines": ["simulated"], "tables": []}'
 
 
@@ -51,7 +51,7 @@ class SimulatedEngine:
     aborted: int = 0
     busy_seconds: float = 0.0
     _queue: deque[tuple[dict[str, Any], Future[Completion]]] = field(default_factory=deque)
-    _running: list[tuple[float, int, Future[Completion], EngineOutput]] = field(default_factory=list)
+    _running: list[tuple[float, int, Future[Completion], Answer]] = field(default_factory=list)
     _cv: threading.Condition = field(default_factory=threading.Condition)
     _ids: Any = field(default_factory=itertools.count)
     _thread: threading.Thread | None = None
@@ -59,8 +59,22 @@ class SimulatedEngine:
     def tokenizer(self) -> SimTokenizer:
         return SimTokenizer()
 
-    def image_token_id(self) -> int:
-        return IMAGE_TOKEN
+    def start(self) -> None:
+        pass
+
+    def sequences(self) -> int:
+        return self.slots
+
+    def prepare(self, request: PageRequest) -> Prepared:
+        """The local engine's prompt (templated.py) with a tokenizer of about four characters a token."""
+        try:
+            tokenizer = self.tokenizer()
+        except Exception as err:
+            raise EngineDead(f"{type(err).__name__}: {err}") from err
+        return Templated(tokenizer).prepare(request)
+
+    def shutdown(self) -> None:
+        pass
 
     def restart(self, seen: int | None = None) -> None:
         with self._cv:
@@ -85,11 +99,11 @@ class SimulatedEngine:
         if (queued or running) and not future.done():
             future.set_exception(RuntimeError("request aborted"))
 
-    def submit(self, request: dict[str, Any], params: Any) -> Future[Completion]:
+    def submit(self, prepared: Prepared, sampling: Sampling) -> Future[Completion]:
+        request = prepared.request
         img = request["multi_modal_data"]["image"]
-        prompt = [IMAGE_TOKEN] * budget.estimate_image_tokens("qwen2_vl", img.width, img.height)
-        prompt += SimTokenizer().encode(request["prompt"])
-        out = EngineOutput(prompt, [Sample(self.text, tuple(range(max(1, len(self.text) // 4))))])
+        out = Answer(self.text, "stop", token_math.estimate_image_tokens("qwen2_vl", img.width, img.height),
+                     len(SimTokenizer().encode(request["prompt"])), max(1, len(self.text) // 4))
         future: Future[Completion] = Future()
         with self._cv:
             self.submitted += 1
@@ -120,6 +134,6 @@ class SimulatedEngine:
             future.set_result(Completion(out, self.seconds / self.slots))
 
 
-def simulated(settings: Any, slots: int = 16, seconds: float = 0.5, text: str = PAGE_TEXT) -> SimulatedEngine:
+def simulated(settings: object, slots: int = 16, seconds: float = 0.5, text: str = PAGE_TEXT) -> SimulatedEngine:
     """An engine factory (functools.partial it): the pipeline calls it with its EngineSettings."""
     return SimulatedEngine(slots=slots, seconds=seconds, text=text)

@@ -1,12 +1,15 @@
 """Feeding pages to the engine: one request per page, a bounded number in flight, attempts.
 
 One `PageFeed` per worker process (shared by the stage's threads) sits in front of the engine:
+- a page becomes the engine's own request once (`engine.prepare`: the engine contract, transforms/engines/base.py),
+  reused by every attempt;
 - a page whose cache key is already done or in flight in this process is not sent again: its
   caller gets the first page's result (`claim`);
-- at most `max_in_flight` pages are in flight (about twice the engine's max_num_seqs: the
-  engine always has the next pages queued, and decoded images exist only for these pages);
+- at most `max_in_flight` pages are in flight (about twice the sequences the engine runs at once:
+  the engine always has the next pages queued, and prepared requests exist only for these pages);
 - a background thread handles each finished request: validation, another attempt (greedy first,
-  then sampled), a restart when the engine died, and the page's final result.
+  then sampled), a restart when the engine died (EngineDead, or any failure that is not one of the contract's
+  request failures), and the page's final result.
 Every claimed page ends with a result (ok, invalid or failed, with a reason code), never an
 exception and never a future left unresolved.
 """
@@ -18,89 +21,63 @@ import logging
 import queue
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
-
-from PIL import Image
+from typing import Any
 
 from schemas.records import ExtractionResult, PageTask
 from schemas.statuses import FAILED, INVALID, OK
-from transforms.engines.local import Completion, PageEngine
+from transforms.engines.base import (
+    Answer,
+    Completion,
+    EngineDead,
+    PageEngine,
+    PageRequest,
+    PageSource,
+    Prepared,
+    PromptParts,
+    RequestFailed,
+    RequestRejected,
+    Sampling,
+    TokenBudget,
+)
 from transforms.engines.repetition import MAX_PERIOD, REPETITION, SPAN, retry_cap
+from transforms.extract.config import ExtractConfig
 from transforms.extract.deadline import Deadlines
-from transforms.model import budget
 from transforms.model.markdown import TRUNCATED_FLAG, MarkdownFormat
 from transforms.model.postfilter import SchemaValidator
-from transforms.model.prompt import chat_messages, control_tokens, decoding
-from transforms.pages.render import decode_rgb
-from transforms.pages.sizes import resize_for_detail
-
-if TYPE_CHECKING:
-    from transforms.extract.stage import ExtractConfig
+from transforms.model.prompt import decoding
 
 log = logging.getLogger(__name__)
 MAX_KEYS = 100_000  # done keys remembered per process for dedup (a few KB each); in-flight keys always
 
 
-def sampling_fields(schema: Any, max_tokens: int, attempt: int,
-                    markdown: MarkdownFormat | None = None) -> dict[str, Any]:
-    """Pure: the decoding settings pagemill sets, as JSON fields (the engine service receives them so:
-    transforms/engines/machine_wire.py); `vllm_sampling` makes vLLM's SamplingParams of them."""
+def sampling(schema: Any, max_tokens: int, attempt: int, markdown: MarkdownFormat | None = None) -> Sampling:
+    """Pure: the decoding settings of one attempt (greedy first, then sampled: `prompt.decoding`), constrained
+    by the JSON schema, or for markdown by the front matter's regex (when the format has one)."""
     temperature, top_p = decoding(attempt)
-    fields: dict[str, Any] = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
     if markdown is None:
-        fields["json"] = dict(schema.schema)
-    elif markdown.regex:  # markdown: the front matter constrained (when the format has one), the text capped
-        fields["regex"] = markdown.regex
-    return fields
+        return Sampling(temperature, top_p, max_tokens, json=dict(schema.schema))
+    return Sampling(temperature, top_p, max_tokens, regex=markdown.regex or None)
 
 
-def vllm_sampling(fields: Mapping[str, Any]) -> Any:
-    """vLLM's SamplingParams of `sampling_fields` (in the worker, and in the engine service from the wire)."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import StructuredOutputsParams
-
-    constraint = None
-    if "json" in fields:
-        constraint = StructuredOutputsParams(json=fields["json"])
-    elif "regex" in fields:
-        constraint = StructuredOutputsParams(regex=fields["regex"])
-    return SamplingParams(temperature=fields["temperature"], top_p=fields["top_p"], max_tokens=fields["max_tokens"],
-                          structured_outputs=constraint)
-
-
-def sampling_params(schema: Any, max_tokens: int, attempt: int, markdown: MarkdownFormat | None = None) -> Any:
-    return vllm_sampling(sampling_fields(schema, max_tokens, attempt, markdown))
-
-
-@dataclass(frozen=True)
-class PageSource:
-    """A request's page as encoded bytes (its "page" entry beside vLLM's prompt and image): what the engine
-    service is sent instead of pixels; `page_pixels(data, detail_side, size)` is the request's image."""
-
-    data: bytes
-    detail_side: int
-    size: tuple[int, int]
-
-
-def page_pixels(data: bytes, detail_side: int, size: tuple[int, int] | None = None) -> Image.Image:
-    """The page as the engine sees it: decoded, capped for its detail, and resized to `size` when the token
-    budget shrank it. One function for both paths: `prepare` here and the engine service."""
-    img = resize_for_detail(decode_rgb(data), detail_side)
-    return img if size is None or size == img.size else img.resize(size, Image.Resampling.LANCZOS)
+def page_request(task: PageTask, cfg: ExtractConfig) -> PageRequest:
+    """The neutral request of one page (transforms/engines/base.py): its encoded bytes, the prompt's parts and
+    the token budget. Pure."""
+    parts = PromptParts(schema=cfg.schema.schema, schema_id=cfg.schema.schema_id, hint=task.hint,
+                        layout=cfg.prompt_layout, markdown=cfg.markdown)
+    return PageRequest(PageSource(task.page.image, task.page.detail_side), parts,
+                       TokenBudget(cfg.max_model_len, cfg.max_tokens, cfg.model_family), cfg.model)
 
 
 @dataclass
 class Request:
-    """One page's prompt, while it is in flight (mutable: its attempts run here)."""
+    """One page while it is in flight (mutable: its attempts run here)."""
 
-    prompt: dict[str, Any] | None
+    prepared: Prepared | None
     text_tokens: int
     width: int
     height: int
-    result: ExtractionResult | None = None  # decided without the engine (over budget, bad image)
     attempts: int = 0
     gpu_seconds: float = 0.0
     last: ExtractionResult | None = None
@@ -111,59 +88,22 @@ class Request:
     pending: Future[Completion] | None = None  # the engine's future of the attempt in flight
 
 
-def prepare(task: PageTask, tokenizer: Any, cfg: ExtractConfig, controls: Sequence[str] | None = None) -> Request:
-    """Decode the page, build the prompt with the model's own chat template (the hint stripped of the
-    tokenizer's control tokens: `controls`, computed once per engine, or from the tokenizer) and check it
-    against max_model_len, shrinking the page image when that is enough to make it fit."""
-    controls = control_tokens(tokenizer) if controls is None else controls
-    if cfg.markdown is not None:
-        messages = cfg.markdown.messages(task.hint, controls, cfg.prompt_layout)
-    else:
-        messages = chat_messages(cfg.schema.schema, task.hint, tokenizer, controls, cfg.prompt_layout)
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    # The template holds one image placeholder token, which the engine expands to image_tokens.
-    text_tokens = len(tokenizer.encode(text, add_special_tokens=False)) - 1
-    img = page_pixels(task.page.image, task.page.detail_side)
-    size = budget.fit_image(img.width, img.height, text_tokens, cfg.max_tokens, cfg.max_model_len, cfg.model_family)
-    if size is None:
-        return Request(None, text_tokens, img.width, img.height, result=ExtractionResult(
-            status=FAILED, reason_code="over_token_budget", text_tokens=text_tokens,
-            message=f"prompt needs {text_tokens} text tokens + {cfg.max_tokens} output tokens; "
-                    f"max_model_len is {cfg.max_model_len}"))
-    if size != img.size:
-        img = img.resize(size, Image.Resampling.LANCZOS)  # as page_pixels does with a size (no second decode)
-    source = PageSource(task.page.image, task.page.detail_side, size)
-    return Request({"prompt": text, "multi_modal_data": {"image": img}, "page": source}, text_tokens, img.width,
-                   img.height)
-
-
 def stop_reason(finish_reason: str | None) -> str | None:
     """schemas.records.STOP_REASONS of an engine's finish reason (vLLM's and the OpenAI API's spell them
     alike); None for one that is not an end of an answer (an abort)."""
     return finish_reason if finish_reason in ("stop", "length", REPETITION) else None
 
 
-def usage(output: Any, image_id: int | None) -> tuple[int, int, int]:
-    """(image, text, output) tokens from the engine's own token ids, or as a served endpoint reported them."""
-    counts = getattr(output, "token_counts", None)
-    if counts is not None:
-        return counts
-    prompt_ids = list(output.prompt_token_ids or [])
-    image = sum(1 for t in prompt_ids if t == image_id) if image_id is not None else 0
-    return image, len(prompt_ids) - image, len(output.outputs[0].token_ids)
-
-
-def judge(output: Any, image_id: int | None, validator: SchemaValidator, attempt: int,
+def judge(output: Answer, validator: SchemaValidator, attempt: int,
           markdown: MarkdownFormat | None = None) -> ExtractionResult:
     """One finished request as a result: ok, or invalid with the validator's (or the markdown parser's)
     reason. Pure. Markdown: `extraction` is the front matter as JSON, `markdown` the page text."""
-    img_t, txt_t, out_t = usage(output, image_id)
-    completion = output.outputs[0]
-    ended = stop_reason(completion.finish_reason)
-    counts = {"image_tokens": img_t, "text_tokens": txt_t, "output_tokens": out_t, "stop_reason": ended,
-              "cached_prompt_tokens": getattr(output, "num_cached_tokens", None) or 0}
+    ended = stop_reason(output.finish_reason)
+    counts = {"image_tokens": output.image_tokens, "text_tokens": output.text_tokens,
+              "output_tokens": output.output_tokens, "stop_reason": ended,
+              "cached_prompt_tokens": output.cached_prompt_tokens}
     if markdown is not None:
-        parsed = markdown.parse(completion.text, completion.finish_reason)
+        parsed = markdown.parse(output.text, output.finish_reason)
         cut = (TRUNCATED_FLAG,) if parsed.truncated else (REPETITION,) if ended == REPETITION else ()
         return ExtractionResult(
             status=OK if parsed.ok else INVALID, reason_code=parsed.reason_code,
@@ -174,15 +114,15 @@ def judge(output: Any, image_id: int | None, validator: SchemaValidator, attempt
         loop = f"the answer repeated a pattern of at most {MAX_PERIOD} tokens for {SPAN} tokens: stopped"
         return ExtractionResult(status=INVALID, reason_code=REPETITION, validation_errors=(loop,),
                                 message=f"attempt {attempt}: {loop}", **counts)
-    checked = validator.parse_and_validate(completion.text, completion.finish_reason)
+    checked = validator.parse_and_validate(output.text, output.finish_reason)
     return ExtractionResult(
         status=OK if checked.ok else INVALID, reason_code=checked.reason_code,
-        extraction=completion.text if checked.ok else None, validation_errors=tuple(checked.errors),
+        extraction=output.text if checked.ok else None, validation_errors=tuple(checked.errors),
         message=None if checked.ok else f"attempt {attempt}: {'; '.join(checked.errors)[:400]}", **counts)
 
 
-def failed(reason: str, message: str) -> ExtractionResult:
-    return ExtractionResult(status=FAILED, reason_code=reason, message=message[:500])
+def failed(reason: str, message: str, text_tokens: int = 0) -> ExtractionResult:
+    return ExtractionResult(status=FAILED, reason_code=reason, message=message[:500], text_tokens=text_tokens)
 
 
 class PageFeed:
@@ -198,11 +138,9 @@ class PageFeed:
         self._lock = threading.Lock()
         self._done: queue.SimpleQueue[tuple[Request, Future[ExtractionResult], Future[Completion]]] = \
             queue.SimpleQueue()
-        self._params: dict[tuple[int, int], Any] = {}
+        self._params: dict[tuple[int, int], Sampling] = {}
         self._finishing = threading.Lock()  # the driver and the deadline thread may both end a page
         self._deadlines = Deadlines(self._expire)
-        self._image_id: int | None = None
-        self._controls: tuple[Any, tuple[str, ...]] | None = None  # (tokenizer, its control tokens)
         self._users = 0
         self._driver = threading.Thread(target=self._drive, name="pagemill-feed", daemon=True)
         self._driver.start()
@@ -216,10 +154,9 @@ class PageFeed:
         with self._lock:
             self._users -= 1
             last = self._users == 0
-        stop = getattr(self.engine, "shutdown", None) or self.engine.close
         if last:
             try:
-                stop()
+                self.engine.shutdown()
             except Exception as err:  # noqa: BLE001 - best effort at the end of a run
                 log.warning("engine shutdown: %s: %s", type(err).__name__, err)
 
@@ -238,49 +175,33 @@ class PageFeed:
             return future, True
 
     def start(self, task: PageTask, result: Future[ExtractionResult]) -> None:
-        """Decode and submit a claimed page; the caller holds one of `slots`, released with the
-        final result. Runs in the caller's thread, so decoding uses the stage's threads."""
-        build = getattr(self.engine, "build_request", None)
-        if build is not None:  # a served engine (transforms/engines/served.py): its server holds the tokenizer
-            try:
-                req = build(task, self.cfg)
-            except Exception as err:  # noqa: BLE001 - one page whose request cannot be built fails alone
-                req = Request(None, 0, task.page.width, task.page.height)
-                return self._finish(req, result, failed("engine_error", f"request could not be built: "
-                                                                        f"{type(err).__name__}: {err}"))
-            return self._submit(req, result)
+        """Prepare and submit a claimed page; the caller holds one of `slots`, released with the
+        final result. Runs in the caller's thread, so preparing (decoding) uses the stage's threads."""
         try:
-            tokenizer = self.engine.tokenizer()
-            if self._controls is None or self._controls[0] is not tokenizer:  # once per (re)started engine
-                self._controls = (tokenizer, control_tokens(tokenizer))
-                self._image_id = self.engine.image_token_id()
-        except Exception as err:  # noqa: BLE001 - an engine that cannot start fails its pages, not the run
-            log.error("vLLM engine could not start: %s: %s", type(err).__name__, err)
-            req = Request(None, 0, task.page.width, task.page.height)
-            return self._finish(req, result, failed("engine_error", f"engine could not start: "
-                                                                    f"{type(err).__name__}: {err}"))
-        try:
-            req = prepare(task, tokenizer, self.cfg, self._controls[1])
-        except Exception as err:  # noqa: BLE001 - one page whose prompt cannot be built fails alone
-            req = Request(None, 0, task.page.width, task.page.height)
-            return self._finish(req, result, failed("engine_error", f"prompt could not be built: "
-                                                                    f"{type(err).__name__}: {err}"))
-        if req.result is not None:
-            return self._finish(req, result, req.result)
-        self._submit(req, result)
+            prepared = self.engine.prepare(page_request(task, self.cfg))
+        except RequestFailed as err:  # over the token budget: decided without the engine
+            return self._finish(Request(None, err.text_tokens, task.page.width, task.page.height), result,
+                                failed(err.reason_code, str(err), err.text_tokens))
+        except RequestRejected as err:  # one page whose request cannot be built fails alone
+            return self._finish(Request(None, 0, task.page.width, task.page.height), result,
+                                failed("engine_error", str(err)))
+        except Exception as err:  # noqa: BLE001 - EngineDead or worse: its pages fail as rows, not the run
+            why = str(err) if isinstance(err, EngineDead) else f"{type(err).__name__}: {err}"
+            return self._finish(Request(None, 0, task.page.width, task.page.height), result,
+                                failed("engine_error", f"engine could not start: {why}"))
+        self._submit(Request(prepared, prepared.text_tokens, prepared.width, prepared.height), result)
 
-    def _sampling(self, attempt: int, cap: int) -> Any:
+    def _sampling(self, attempt: int, cap: int) -> Sampling:
         if (attempt, cap) not in self._params:
-            make = getattr(self.engine, "sampling_params", None)  # a served engine's own fields
-            self._params[attempt, cap] = (make(self.cfg.schema, cap, attempt) if make is not None else
-                                          sampling_params(self.cfg.schema, cap, attempt, self.cfg.markdown))
+            self._params[attempt, cap] = sampling(self.cfg.schema, cap, attempt, self.cfg.markdown)
         return self._params[attempt, cap]
 
     def _submit(self, req: Request, result: Future[ExtractionResult]) -> None:
         req.seen_starts = self.engine.starts
         try:
-            done = self.engine.submit(req.prompt or {}, self._sampling(min(req.attempts + 1, 2),
-                                                                       req.cap or self.cfg.max_tokens))
+            assert req.prepared is not None  # a page is submitted only once prepared, until it ends
+            done = self.engine.submit(req.prepared, self._sampling(min(req.attempts + 1, 2),
+                                                                   req.cap or self.cfg.max_tokens))
         except Exception as err:  # noqa: BLE001 - handled with the engine's other failures
             done = Future()
             done.set_exception(err)
@@ -318,12 +239,11 @@ class PageFeed:
         if result.done():
             return  # the page already ended (its deadline passed): a late answer or abort is not read
         err = done.exception()
-        reason = getattr(err, "reason_code", None)
-        if reason is not None:  # a served request that failed after its own retries: final, with its reason
+        if isinstance(err, RequestFailed):  # failed for good (after the engine's own retries), with its reason
             req.attempts += 1
-            return self._finish(req, result, failed(reason, str(err)))
+            return self._finish(req, result, failed(err.reason_code, str(err), err.text_tokens))
         if err is not None:
-            if not isinstance(err, ValueError):  # not a rejected request: the engine may be dead
+            if not isinstance(err, RequestRejected):  # EngineDead, or anything unexpected: take it as dead
                 self._restart(req.seen_starts)
                 if not req.resubmitted:  # a request lost with the engine is not the page's fault
                     req.resubmitted = True
@@ -334,7 +254,7 @@ class PageFeed:
             completion = done.result()
             req.attempts += 1
             req.gpu_seconds += completion.gpu_seconds
-            judged = judge(completion.output, self._image_id, self.validator, req.attempts, self.cfg.markdown)
+            judged = judge(completion.output, self.validator, req.attempts, self.cfg.markdown)
             looped = judged.stop_reason == REPETITION
             if judged.status == OK and not looped:
                 return self._finish(req, result, judged)
@@ -359,19 +279,7 @@ class PageFeed:
         with self._finishing:
             if result.done():
                 return
-            req.prompt = None  # the decoded image goes now, not when the row is written
+            req.prepared = None  # the decoded image goes now, not when the row is written
             self.slots.release()
             result.set_result(replace(final, attempts=req.attempts, gpu_seconds=req.gpu_seconds, sent_width=req.width,
                                       sent_height=req.height, finished_at=dt.datetime.now(dt.UTC)))
-
-
-def extract_all(engine: PageEngine, tasks: list[PageTask], cfg: ExtractConfig,
-                max_in_flight: int = 8) -> list[ExtractionResult]:
-    """Every task's final result, in order (tests and benchmarks; the pipeline uses the DoFn)."""
-    feed = PageFeed(engine, cfg, max_in_flight)
-    futures: list[Future[ExtractionResult]] = []
-    for task in tasks:
-        feed.slots.acquire()
-        futures.append(Future())
-        feed.start(task, futures[-1])
-    return [f.result() for f in futures]

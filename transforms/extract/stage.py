@@ -5,7 +5,7 @@ No barrier before the model: each page is looked up as it arrives, then submitte
   earlier `pages` files: no page image crosses a shuffle) gives a `cached` row at zero cost;
 - a key already done or in flight in this worker process gives a `duplicate` row once the first
   page's result is back (the copy waits, it is not sent; zero cost);
-- any other page is decoded and submitted to the process's engine feed (transforms/extract/feed.py),
+- any other page is prepared and submitted to the process's engine feed (transforms/extract/feed.py),
   which keeps a bounded number of pages in flight; rows are emitted as results come back, and a
   bundle's last pages are drained in finish_bundle.
 Copies of one page handled by different worker processes of a run may both reach the model: both
@@ -18,65 +18,36 @@ import datetime as dt
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from functools import cached_property
 from typing import Any
 
 import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils import shared
 
-from schemas.extraction import ExtractionSchema
 from schemas.records import API_ROUTE_PREFIX, ExtractionResult, PageImage, PageRow, PageTask
 from schemas.statuses import DUPLICATE, OK
-from transforms.engines.local import CPU_MAX_NUM_SEQS, Engine, EngineSettings, PageEngine
-from transforms.model import budget
-from transforms.model.markdown import MarkdownFormat, front_matter_columns
+from transforms.engines import make
+from transforms.engines.base import PageEngine
+from transforms.engines.local import EngineSettings
+from transforms.extract.config import ExtractConfig as ExtractConfig  # the stage's configuration, re-exported
+from transforms.extract.feed import PageFeed
+from transforms.model import budget, token_math
+from transforms.model.markdown import front_matter_columns
 from transforms.model.postfilter import OutputFlags, markdown_flags, output_flags
-from transforms.model.prompt import SHARED_FIRST, SYSTEM_PROMPT, DecodingParams, cache_key, config_key
+from transforms.model.prompt import SYSTEM_PROMPT, cache_key
 from transforms.output.cache import cached_row
-from transforms.pages.sizes import low_detail_size
 
-EngineFactory = Callable[[EngineSettings], PageEngine]
-
-
-@dataclass(frozen=True)
-class ExtractConfig:
-    schema: ExtractionSchema
-    tenant: str
-    model: str
-    model_revision: str | None
-    render_key: str  # the key of the render, gate, hints and engine settings: pipelines/run/settings.py
-    model_family: Any  # a family name, or a transforms.model.token_math.ImageTokenRule (the model folder's settings)
-    max_model_len: int
-    max_tokens: int
-    max_attempts: int
-    gpu_hourly_usd: float
-    api_price: str
-    prices: dict[str, Any]
-    max_in_flight: int = 0  # pages in flight per engine; 0: twice the engine's max_num_seqs
-    route: str = "model"  # the ledger route of pages sent to the model: model, served or api:<provider>
-    # Markdown output (transforms/model/markdown.py); `schema` is then its front matter's schema, named after it.
-    markdown: MarkdownFormat | None = None
-    prompt_layout: str = SHARED_FIRST  # transforms.model.prompt.PROMPT_LAYOUTS: keyed, it changes the prompt
-    answer_timeout_s: float = 0.0  # wall-clock limit of one answer (transforms/extract/feed.py); 0: none
-
-    @property
-    def decoding(self) -> DecodingParams:
-        return DecodingParams(max_tokens=self.max_tokens)
-
-    @cached_property
-    def config_key(self) -> str:
-        # Read twice per page; computed once (cache_key.py keys dataclasses.fields only, never this cache).
-        return config_key(self)
+# Makes the engine from its settings (EngineSettings, or a served endpoint's): transforms.engines.make, or a
+# test's or benchmark's engine.
+EngineFactory = Callable[[Any], PageEngine]
 
 
-def in_flight_limit(cfg: ExtractConfig, engine: EngineSettings, cpu: bool) -> int:
-    """Pages in flight per engine: about twice the sequences it runs at once, so that continuous
-    batching always has the next pages queued. Pure."""
+def in_flight_limit(cfg: ExtractConfig, sequences: int) -> int:
+    """Pages in flight per engine: about twice the `sequences` it runs at once (the engine says), so that
+    continuous batching always has the next pages queued. Pure."""
     if cfg.max_in_flight > 0:
         return cfg.max_in_flight
-    seqs = min(engine.max_num_seqs, CPU_MAX_NUM_SEQS) if cpu else engine.max_num_seqs
-    return 2 * max(1, seqs)
+    return 2 * max(1, sequences)
 
 
 def make_task(page: PageImage, engine: EngineSettings, cfg: ExtractConfig) -> tuple[str, PageTask]:
@@ -85,9 +56,7 @@ def make_task(page: PageImage, engine: EngineSettings, cfg: ExtractConfig) -> tu
     hint = page.hint
     image_key = page.page_hash if not page.detail_side else f"{page.page_hash}@{page.detail_side}"
     key = cache_key(image_key, cfg.config_key, hint)
-    tokens = budget.estimate_image_tokens(cfg.model_family, *low_detail_size(page.width, page.height, page.detail_side))
-    tokens += budget.text_tokens_estimate(hint) + cfg.max_tokens
-    return key, PageTask(page=page, cache_key=key, hint=hint, estimated_tokens=tokens)
+    return key, PageTask(page=page, cache_key=key, hint=hint)
 
 
 def to_rows(result: Any, engine: EngineSettings, cfg: ExtractConfig) -> Iterator[PageRow]:
@@ -102,7 +71,7 @@ def to_rows(result: Any, engine: EngineSettings, cfg: ExtractConfig) -> Iterator
     out = result_flags(r, cfg)
     saved = 0
     if page.detail_side and r.image_tokens:  # sent at low detail: what full detail would have cost more
-        saved = max(0, budget.estimate_image_tokens(cfg.model_family, page.width, page.height) - r.image_tokens)
+        saved = max(0, token_math.estimate_image_tokens(cfg.model_family, page.width, page.height) - r.image_tokens)
     yield PageRow.of_page(page, r.status, route=cfg.route if r.attempts else "failed",
                           image_tokens=r.image_tokens, text_tokens=r.text_tokens, output_tokens=r.output_tokens,
                           attempts=r.attempts, gpu_seconds=r.gpu_seconds, cost_usd=page_cost_usd(r, cfg),
@@ -164,19 +133,18 @@ class _Pending:
 class StreamExtractDoFn(beam.DoFn):
     """PageImage -> PageRow as results come back; one engine feed per worker process."""
 
-    def __init__(self, engine: EngineSettings, cfg: ExtractConfig, engine_factory: EngineFactory) -> None:
+    def __init__(self, engine: EngineSettings, cfg: ExtractConfig, engine_factory: EngineFactory,
+                 endpoint: Any = None) -> None:
         self.engine = engine
         self.cfg = cfg
         self.engine_factory = engine_factory
+        self.endpoint = endpoint
         self._shared = shared.Shared()  # one feed (and engine) per process, whatever the thread count
 
     def setup(self) -> None:
-        from transforms.extract.feed import PageFeed
-
         def build() -> PageFeed:
-            engine = self.engine_factory(self.engine)
-            cpu = _is_cpu() if hasattr(engine, "settings") else False  # vLLM, here or remote
-            return PageFeed(engine, self.cfg, in_flight_limit(self.cfg, self.engine, cpu))
+            engine = self.engine_factory(self.endpoint or self.engine)
+            return PageFeed(engine, self.cfg, in_flight_limit(self.cfg, engine.sequences()))
 
         self._feed = self._shared.acquire(build)
         self._feed.attach()
@@ -236,27 +204,23 @@ class StreamExtractDoFn(beam.DoFn):
                 yield GlobalWindows.windowed_value(row)
 
 
-def _is_cpu() -> bool:
-    from transforms.engines.local import is_cpu_platform
-
-    return is_cpu_platform()
-
-
 def _latest(rows: list[Mapping[str, Any]]) -> Mapping[str, Any]:
     return max(rows, key=lambda r: r["created_at"])
 
 
 class ExtractPages(beam.PTransform):
     """PageImage -> PageRow: reused from earlier runs by cache key, else through the engine once per
-    key and process. `earlier` holds earlier runs' reusable `pages` rows (cache.ReadEarlierPages)."""
+    key and process. `earlier` holds earlier runs' reusable `pages` rows (cache.ReadEarlierPages). The engine
+    is `engine_factory(endpoint or engine)`: the engine's settings say which (transforms.engines.make)."""
 
-    def __init__(self, engine: EngineSettings, cfg: ExtractConfig, engine_factory: EngineFactory = Engine,
-                 earlier: beam.PCollection | None = None) -> None:
+    def __init__(self, engine: EngineSettings, cfg: ExtractConfig, engine_factory: EngineFactory = make,
+                 earlier: beam.PCollection | None = None, endpoint: Any = None) -> None:
         super().__init__()
         self.engine = engine
         self.cfg = cfg
         self.engine_factory = engine_factory
         self.earlier = earlier
+        self.endpoint = endpoint  # a served endpoint's settings: the engine is made from them instead
 
     def expand(self, pages: beam.PCollection) -> beam.PCollection:
         earlier = self.earlier if self.earlier is not None else pages.pipeline | "NoEarlier" >> beam.Create([])
@@ -266,5 +230,5 @@ class ExtractPages(beam.PTransform):
             | "EarlierByKey" >> beam.Map(lambda r: (r["cache_key"], r))
             | "LatestPerKey" >> beam.CombinePerKey(_latest)
         )
-        return pages | "Stream" >> beam.ParDo(StreamExtractDoFn(self.engine, self.cfg, self.engine_factory),
-                                              earlier=beam.pvalue.AsDict(by_key))
+        dofn = StreamExtractDoFn(self.engine, self.cfg, self.engine_factory, self.endpoint)
+        return pages | "Stream" >> beam.ParDo(dofn, earlier=beam.pvalue.AsDict(by_key))

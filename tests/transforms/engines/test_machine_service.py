@@ -29,19 +29,23 @@ import pytest
 from PIL import Image
 
 from tests.conftest import CORPUS
+from tests.transforms.extract.feeding import vllm_request
 from transforms.child_process import python_argv
 from transforms.engines import machine
 from transforms.engines import machine_wire as wire
-from transforms.engines.local import Completion, EngineOutput, EngineSettings, Sample
+from transforms.engines.base import Answer, Completion, EngineDead, Prepared, RequestRejected, Sampling
+from transforms.engines.local import EngineSettings
 from transforms.engines.machine import SOCKET, RemoteEngine, serve
 from transforms.engines.machine_folder import FolderRefused, read_authkey, service_env
 from transforms.engines.simulated import SimTokenizer
-from transforms.extract.feed import PageFeed, prepare, sampling_fields
+from transforms.engines.templated import Templated, page_pixels
+from transforms.extract.feed import PageFeed, page_request
 from transforms.extract.stage import make_task
 from transforms.pages.sizes import capped_size
 
 PAGE = CORPUS / "extraction_gt" / "invoice-x__invoice2data" / "tests" / "compare" / "AmazonWebServices.png"
 FIELDS = {"temperature": 0.0, "top_p": 1.0, "max_tokens": 64, "json": {"type": "object"}}
+SAMPLING = Sampling.of_fields(FIELDS)
 
 
 class StubEngine:
@@ -53,7 +57,8 @@ class StubEngine:
         self.directory, self.starts = directory, 0
         self.lock = threading.Lock()
 
-    def submit(self, request: dict[str, Any], params: Any) -> Future[Completion]:
+    def submit(self, prepared: Prepared, sampling: Sampling) -> Future[Completion]:
+        request = prepared.request
         with self.lock:
             if self.starts == 0:
                 self.starts = 1
@@ -64,14 +69,14 @@ class StubEngine:
         if request["prompt"] == "hold":
             return future
         if request["prompt"] in ("reject", "die"):
-            err = ValueError("rejected by the stub") if request["prompt"] == "reject" else RuntimeError("stub died")
+            err = RequestRejected("rejected by the stub") if request["prompt"] == "reject" else EngineDead("stub died")
             future.set_exception(err)
             return future
-        text = json.dumps({"prompt": request["prompt"], "sampling": params, "size": img.size, "mode": img.mode,
+        text = json.dumps({"prompt": request["prompt"], "sampling": sampling.fields(), "size": img.size,
+                           "mode": img.mode,
                            "sha256": hashlib.sha256(img.tobytes()).hexdigest(), "keys": sorted(request),
                            "env": sorted(os.environ), "safe_path": sys.flags.safe_path})
-        output = EngineOutput([1, 1, 2], [Sample(text, (5, 6), "stop")], num_cached_tokens=2)
-        future.set_result(Completion(output, 0.25))
+        future.set_result(Completion(Answer(text, "stop", 2, 1, 2, cached_prompt_tokens=2), 0.25))
         return future
 
     def abort(self, future: Future[Completion]) -> None:
@@ -83,12 +88,6 @@ class StubEngine:
             if seen is None or seen == self.starts:
                 self.starts += 1
 
-    def tokenizer(self) -> SimTokenizer:
-        return SimTokenizer()
-
-    def image_token_id(self) -> int:
-        return 1
-
     def close(self) -> None:
         pass
 
@@ -98,7 +97,7 @@ def serve_stub(directory: str) -> None:
     fields as they arrived."""
     with open(Path(directory) / "stub.pid", "a") as handle:
         handle.write(f"{os.getpid()}\n")
-    serve(Path(directory), StubEngine, sampling=dict)
+    serve(Path(directory), StubEngine)
 
 
 class StubRemoteEngine(RemoteEngine):
@@ -111,12 +110,6 @@ class StubRemoteEngine(RemoteEngine):
 
     def tokenizer(self) -> SimTokenizer:
         return SimTokenizer()
-
-    def image_token_id(self) -> int:
-        return 1
-
-    def sampling_params(self, schema: Any, max_tokens: int, attempt: int) -> dict[str, Any]:
-        return sampling_fields(schema, max_tokens, attempt)
 
 
 def settings(folder: Path) -> EngineSettings:
@@ -140,7 +133,7 @@ def folder() -> Iterator[Path]:
 
 
 def answer(future: Future[Completion]) -> dict[str, Any]:
-    return json.loads(future.result(timeout=60).output.outputs[0].text)
+    return json.loads(future.result(timeout=60).output.text)
 
 
 def jpeg_page() -> bytes:
@@ -162,26 +155,26 @@ def test_pages_reach_the_engine_as_the_same_pixels_as_a_local_engine(folder: Pat
     page = PageImage(doc_sha256="d" * 64, source_uri="p.jpg", page_index=0, page_hash="0" * 64, image=data,
                      width=1, height=1)
     cfg = config()
-    roomy = prepare(make_task(page, ENGINE, cfg)[1], SimTokenizer(), cfg)
+    templated = Templated(SimTokenizer())  # the local engine's prompt, with the simulated tokenizer
+    roomy = templated.prepare(page_request(make_task(page, ENGINE, cfg)[1], cfg))
     tight = replace(cfg, max_model_len=roomy.text_tokens + cfg.max_tokens + 600)
     cases = [(page, cfg), (replace(page, detail_side=512), cfg), (page, tight)]
     engine = StubRemoteEngine(settings(folder))
     sizes = []
     for p, c in cases:
-        req = prepare(make_task(p, ENGINE, c)[1], SimTokenizer(), c)
-        assert req.prompt is not None
-        local = req.prompt["multi_modal_data"]["image"]
-        got = answer(engine.submit(req.prompt, FIELDS))
+        req = templated.prepare(page_request(make_task(p, ENGINE, c)[1], c))
+        local = req.request["multi_modal_data"]["image"]
+        got = answer(engine.submit(req, SAMPLING))
         assert (tuple(got["size"]), got["mode"]) == (local.size, local.mode)
         assert got["sha256"] == hashlib.sha256(local.tobytes()).hexdigest()
-        assert got["prompt"] == req.prompt["prompt"] and got["sampling"] == FIELDS
+        assert got["prompt"] == req.request["prompt"] and got["sampling"] == FIELDS
         assert got["keys"] == ["multi_modal_data", "prompt"]  # the engine gets vLLM's request, nothing else
         sizes.append(local.size)
     full, low, shrunk = sizes
     assert max(low) == 512 and max(full) == 1288 and shrunk[0] < full[0]  # three different images, all equal
     # A request that carries only a PIL image is sent losslessly: the same pixels again.
     img = Image.frombytes("RGB", (64, 48), bytes(range(256)) * 36)
-    got = answer(engine.submit({"prompt": "p", "multi_modal_data": {"image": img}}, FIELDS))
+    got = answer(engine.submit(vllm_request("p", img), SAMPLING))
     assert got["sha256"] == hashlib.sha256(img.tobytes()).hexdigest()
     engine.close()
 
@@ -189,16 +182,16 @@ def test_pages_reach_the_engine_as_the_same_pixels_as_a_local_engine(folder: Pat
 def test_a_page_crosses_the_socket_as_its_encoded_bytes(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data = jpeg_page()
     engine = StubRemoteEngine(settings(folder))
-    answer(engine.submit({"prompt": "warm", "multi_modal_data": {"image": Image.new("RGB", (8, 8))}}, FIELDS))
+    answer(engine.submit(vllm_request("warm", Image.new("RGB", (8, 8))), SAMPLING))
     sent: list[int] = []
     conn = engine._connected()
     real = conn.send_bytes
     monkeypatch.setattr(conn, "send_bytes", lambda buf: (sent.append(len(buf)), real(buf))[1])
-    from transforms.extract.feed import PageSource, page_pixels
+    from transforms.engines.base import PageSource
 
     img = page_pixels(data, 0)
     request = {"prompt": "p", "multi_modal_data": {"image": img}, "page": PageSource(data, 0, img.size)}
-    assert answer(engine.submit(request, FIELDS))["size"] == list(img.size)
+    assert answer(engine.submit(Prepared(request, 0, *img.size), SAMPLING))["size"] == list(img.size)
     assert len(sent) == 1 and len(data) < sent[0] < len(data) + 1024  # the JPEG and a small header
     assert sent[0] * 10 < len(img.tobytes())  # not the pixels (what the old framing sent)
     engine.close()
@@ -210,22 +203,22 @@ def test_answers_errors_restart_and_abort_cross_the_socket(folder: Path, monkeyp
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     engine = StubRemoteEngine(settings(folder))
     img = Image.new("RGB", (8, 8))
-    with pytest.raises(ValueError, match="rejected by the stub"):
-        engine.submit({"prompt": "reject", "multi_modal_data": {"image": img}}, FIELDS).result(timeout=60)
-    with pytest.raises(RuntimeError, match="stub died"):
-        engine.submit({"prompt": "die", "multi_modal_data": {"image": img}}, FIELDS).result(timeout=60)
-    done = engine.submit({"prompt": "ok", "multi_modal_data": {"image": img}}, FIELDS).result(timeout=60)
-    service = json.loads(done.output.outputs[0].text)
+    with pytest.raises(RequestRejected, match="rejected by the stub"):
+        engine.submit(vllm_request("reject", img), SAMPLING).result(timeout=60)
+    with pytest.raises(EngineDead, match="stub died"):
+        engine.submit(vllm_request("die", img), SAMPLING).result(timeout=60)
+    done = engine.submit(vllm_request("ok", img), SAMPLING).result(timeout=60)
+    service = json.loads(done.output.text)
     assert service["safe_path"]  # started with -P: the current folder is not on its sys.path
     # The service's environment is minimal: the engine's variables, not the worker's credentials.
     assert "VLLM_CPU_KVCACHE_SPACE" in service["env"] and "PYTHONPATH" in service["env"]
     assert "AWS_SECRET_ACCESS_KEY" not in service["env"] and "PIPELINE_OPTIONS" not in service["env"]
-    assert (done.gpu_seconds, done.output.num_cached_tokens, done.output.prompt_token_ids) == (0.25, 2, [1, 1, 2])
-    assert done.output.outputs[0].token_ids == (5, 6) and done.output.outputs[0].finish_reason == "stop"
+    assert (done.gpu_seconds, done.output.cached_prompt_tokens, done.output.token_counts) == (0.25, 2, (2, 1, 2))
+    assert done.output.finish_reason == "stop"
     assert engine.starts == 1
     engine.restart(1)
     assert engine.starts == 2
-    held = engine.submit({"prompt": "hold", "multi_modal_data": {"image": img}}, FIELDS)
+    held = engine.submit(vllm_request("hold", img), SAMPLING)
     engine.abort(held)  # --answer-timeout-s: the engine in the service frees the request
     with pytest.raises(RuntimeError, match="aborted"):
         held.result(timeout=60)
@@ -233,7 +226,7 @@ def test_answers_errors_restart_and_abort_cross_the_socket(folder: Path, monkeyp
     while not (folder / "aborted").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert (folder / "aborted").exists()
-    answer(engine.submit({"prompt": "after", "multi_modal_data": {"image": img}}, FIELDS))
+    answer(engine.submit(vllm_request("after", img), SAMPLING))
     engine.close()
 
 
@@ -244,18 +237,18 @@ def raw_client(folder: Path, authkey: bytes) -> Connection:
 def still_serves(folder: Path) -> None:
     """A new worker still gets its page answered: the service lives on."""
     engine = StubRemoteEngine(settings(folder))
-    assert answer(engine.submit({"prompt": "after", "multi_modal_data": {"image": Image.new("RGB", (4, 4))}},
-                                FIELDS))["prompt"] == "after"
+    assert answer(engine.submit(vllm_request("after", Image.new("RGB", (4, 4))),
+                                SAMPLING))["prompt"] == "after"
     engine.close()
 
 
 def test_a_wrong_authkey_is_refused_and_the_service_serves_on(folder: Path) -> None:
     first = StubRemoteEngine(settings(folder))
-    answer(first.submit({"prompt": "x", "multi_modal_data": {"image": Image.new("RGB", (4, 4))}}, FIELDS))
+    answer(first.submit(vllm_request("x", Image.new("RGB", (4, 4))), SAMPLING))
     with pytest.raises(AuthenticationError):
         raw_client(folder, b"w" * 32)
     still_serves(folder)
-    answer(first.submit({"prompt": "y", "multi_modal_data": {"image": Image.new("RGB", (4, 4))}}, FIELDS))
+    answer(first.submit(vllm_request("y", Image.new("RGB", (4, 4))), SAMPLING))
     assert len((folder / "stub.pid").read_text().split()) == 1  # the same service all along
     first.close()
 
@@ -272,7 +265,7 @@ class Planted:
 
 def test_malformed_frames_and_pickles_end_only_their_connection(folder: Path) -> None:
     first = StubRemoteEngine(settings(folder))
-    answer(first.submit({"prompt": "x", "multi_modal_data": {"image": Image.new("RGB", (4, 4))}}, FIELDS))
+    answer(first.submit(vllm_request("x", Image.new("RGB", (4, 4))), SAMPLING))
     key = read_authkey(folder)
     marker = folder.parent / "unpickled-by-the-service"
     hostile = [
@@ -293,7 +286,7 @@ def test_malformed_frames_and_pickles_end_only_their_connection(folder: Path) ->
     conn._send(struct.pack("!i", 1000) + b"0123456789")
     conn.close()
     still_serves(folder)
-    answer(first.submit({"prompt": "y", "multi_modal_data": {"image": Image.new("RGB", (4, 4))}}, FIELDS))
+    answer(first.submit(vllm_request("y", Image.new("RGB", (4, 4))), SAMPLING))
     assert len((folder / "stub.pid").read_text().split()) == 1  # the same service all along
     assert not marker.exists()
     first.close()
@@ -323,8 +316,8 @@ def test_a_worker_does_not_unpickle_what_the_service_sends(folder: Path, reply: 
 
     thread = threading.Thread(target=fake_service, daemon=True)
     thread.start()
-    future = engine.submit({"prompt": "x", "multi_modal_data": {"image": Image.new("RGB", (4, 4))}}, FIELDS)
-    with pytest.raises(RuntimeError, match="connection lost"):
+    future = engine.submit(vllm_request("x", Image.new("RGB", (4, 4))), SAMPLING)
+    with pytest.raises(EngineDead, match="connection lost"):
         future.result(timeout=30)
     thread.join(timeout=10)
     listener.close()
@@ -337,8 +330,8 @@ def race_worker(directory: str, go: str) -> None:
         time.sleep(0.005)
     engine = StubRemoteEngine(settings(Path(directory)))
     img = Image.new("RGB", (4, 4))
-    print(json.dumps(answer(engine.submit({"prompt": f"pid {os.getpid()}", "multi_modal_data": {"image": img}},
-                                          FIELDS))))
+    print(json.dumps(answer(engine.submit(vllm_request(f"pid {os.getpid()}", img),
+                                          SAMPLING))))
     engine.close()
 
 
@@ -397,8 +390,8 @@ def test_a_planted_folder_receives_no_prompt_and_no_page(monkeypatch: pytest.Mon
         plant_as_other_user(monkeypatch)(planted)
         engine = StubRemoteEngine(settings(planted))
         with pytest.raises(FolderRefused, match="owned by uid"):
-            engine.submit({"prompt": "secret prompt", "multi_modal_data": {"image": Image.new("RGB", (4, 4))}},
-                          FIELDS)
+            engine.submit(vllm_request("secret prompt", Image.new("RGB", (4, 4))),
+                          SAMPLING)
         cfg = replace(config(), max_attempts=2)
         feed = PageFeed(engine, cfg, max_in_flight=2)
         key, task = make_task(page(1), ENGINE, cfg)
@@ -447,5 +440,5 @@ def test_a_service_that_exits_at_start_fails_the_request_with_its_error(folder: 
     monkeypatch.setattr(machine, "CONNECT_TIMEOUT_S", 5.0)  # were the exit missed, this test would end in 5 s
     engine = ExitingRemoteEngine(settings(folder))
     with pytest.raises(RuntimeError, match=r"exited with code 3 .*ImportError: a broken install"):
-        engine.submit({"prompt": "p", "multi_modal_data": {"image": Image.new("RGB", (4, 4))}}, FIELDS)
+        engine.submit(vllm_request("p", Image.new("RGB", (4, 4))), SAMPLING)
     assert engine.after_exit <= 1  # it stopped waiting once the service was gone (one try may race the exit)

@@ -9,12 +9,13 @@ import time
 import pytest
 
 from tests import docmaker
+from tests.transforms.extract.feeding import extract_all
 from tests.transforms.extract.test_extract import config as vllm_config
 from tests.transforms.extract.test_extract import pages_of, tasks_for
 from tests.transforms.extract.test_feed import ENGINE, config, tasks
 from transforms.engines.simulated import SimulatedEngine
 from transforms.extract.deadline import Deadlines
-from transforms.extract.feed import PageFeed, extract_all
+from transforms.extract.feed import PageFeed
 
 
 def test_deadlines_fire_in_order_of_their_time_not_of_their_adding() -> None:
@@ -42,14 +43,14 @@ class Stuck(SimulatedEngine):
         self.stuck = stuck
         self.held: list = []
 
-    def submit(self, request, params):
+    def submit(self, prepared, sampling):
         if len(self.held) < self.stuck:
             from concurrent.futures import Future
 
             future: Future = Future()
             self.held.append(future)
             return future
-        return super().submit(request, params)
+        return super().submit(prepared, sampling)
 
     def abort(self, future) -> None:
         if future in self.held and not future.done():

@@ -15,8 +15,9 @@ from PIL import Image
 from schemas.extraction import load_schema
 from schemas.records import DocumentRecord, ExtractionResult, PageImage, PageTask
 from tests import docmaker
+from tests.transforms.extract.feeding import extract_all
+from transforms.engines.base import RequestRejected
 from transforms.engines.local import engine_kwargs
-from transforms.extract.feed import extract_all
 from transforms.extract.stage import ExtractConfig, copy_row, make_task, to_rows
 from transforms.model import budget
 from transforms.pages.render import RenderSettings, render_document
@@ -108,12 +109,12 @@ class FaultyEngine:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def submit(self, request, params):
-        if request["multi_modal_data"]["image"].width == self.poison_width:
+    def submit(self, prepared, sampling):
+        if prepared.request["multi_modal_data"]["image"].width == self.poison_width:
             future: Future = Future()
-            future.set_exception(ValueError("request rejected by the engine (injected)"))
+            future.set_exception(RequestRejected("request rejected by the engine (injected)"))
             return future
-        return self.inner.submit(request, params)
+        return self.inner.submit(prepared, sampling)
 
 
 @pytest.mark.vllm

@@ -11,9 +11,11 @@ from PIL import Image
 
 from schemas.extraction import load_schema
 from schemas.records import PageImage
-from transforms.engines.local import EngineSettings
+from tests.transforms.extract.feeding import extract_all
+from transforms.engines.base import EngineDead, RequestRejected
+from transforms.engines.local import EngineSettings, engine_sequences
 from transforms.engines.simulated import PAGE_TEXT, SimulatedEngine
-from transforms.extract.feed import PageFeed, extract_all
+from transforms.extract.feed import PageFeed
 from transforms.extract.stage import ExtractConfig, in_flight_limit, make_task
 from transforms.model import budget
 
@@ -47,11 +49,11 @@ class Counting(SimulatedEngine):
         self.lock = threading.Lock()
         self.open = self.peak = 0
 
-    def submit(self, request, params):
+    def submit(self, prepared, sampling):
         with self.lock:
             self.open += 1
             self.peak = max(self.peak, self.open)
-        future = super().submit(request, params)
+        future = super().submit(prepared, sampling)
         future.add_done_callback(lambda _: self._closed())
         return future
 
@@ -71,9 +73,9 @@ def test_pages_in_flight_stay_bounded_and_all_finish() -> None:
 
 
 def test_in_flight_limit_follows_max_num_seqs() -> None:
-    assert in_flight_limit(config(), ENGINE, cpu=False) == 8
-    assert in_flight_limit(config(), replace(ENGINE, max_num_seqs=256), cpu=True) == 32  # CPU runs 16 at once
-    assert in_flight_limit(config(max_in_flight=3), ENGINE, cpu=False) == 3
+    assert in_flight_limit(config(), engine_sequences(ENGINE, cpu=False)) == 8
+    assert in_flight_limit(config(), engine_sequences(replace(ENGINE, max_num_seqs=256), cpu=True)) == 32  # CPU: 16
+    assert in_flight_limit(config(max_in_flight=3), engine_sequences(ENGINE, cpu=False)) == 3
 
 
 def test_a_key_in_flight_is_claimed_once() -> None:
@@ -92,12 +94,12 @@ def test_invalid_output_is_retried_then_reported() -> None:
 
 
 class Rejecting(SimulatedEngine):
-    def submit(self, request, params):
-        if request["multi_modal_data"]["image"].width == 333:
+    def submit(self, prepared, sampling):
+        if prepared.request["multi_modal_data"]["image"].width == 333:
             future: Future = Future()
-            future.set_exception(ValueError("request rejected (injected)"))
+            future.set_exception(RequestRejected("request rejected (injected)"))
             return future
-        return super().submit(request, params)
+        return super().submit(prepared, sampling)
 
 
 def test_rejected_request_fails_alone_without_restart() -> None:
@@ -112,12 +114,12 @@ def test_rejected_request_fails_alone_without_restart() -> None:
 class Dying(SimulatedEngine):
     """Every request in flight fails at once, as when the engine process dies, until restarted."""
 
-    def submit(self, request, params):
+    def submit(self, prepared, sampling):
         if self.starts == 1:
             future: Future = Future()
-            future.set_exception(RuntimeError("EngineCore died unexpectedly"))
+            future.set_exception(EngineDead("EngineCore died unexpectedly"))
             return future
-        return super().submit(request, params)
+        return super().submit(prepared, sampling)
 
 
 def test_dead_engine_is_restarted_once_and_pages_resubmitted() -> None:

@@ -1,0 +1,42 @@
+"""ExtractConfig: what the extraction stage (stage.py) and its feed (feed.py) are configured by, in its own module
+so that both import it and neither imports the other's config."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from schemas.extraction import ExtractionSchema
+from transforms.model.markdown import MarkdownFormat
+from transforms.model.prompt import SHARED_FIRST, DecodingParams, config_key
+
+
+@dataclass(frozen=True)
+class ExtractConfig:
+    schema: ExtractionSchema
+    tenant: str
+    model: str
+    model_revision: str | None
+    render_key: str  # the key of the render, gate, hints and engine settings: pipelines/run/settings.py
+    model_family: Any  # a family name, or a transforms.model.token_math.ImageTokenRule (the model folder's settings)
+    max_model_len: int
+    max_tokens: int
+    max_attempts: int
+    gpu_hourly_usd: float
+    api_price: str
+    prices: dict[str, Any]
+    max_in_flight: int = 0  # pages in flight per engine; 0: twice the engine's max_num_seqs
+    route: str = "model"  # the ledger route of pages sent to the model: model, served or api:<provider>
+    # Markdown output (transforms/model/markdown.py); `schema` is then its front matter's schema, named after it.
+    markdown: MarkdownFormat | None = None
+    prompt_layout: str = SHARED_FIRST  # transforms.model.prompt.PROMPT_LAYOUTS: keyed, it changes the prompt
+    answer_timeout_s: float = 0.0  # wall-clock limit of one answer (transforms/extract/feed.py); 0: none
+
+    @property
+    def decoding(self) -> DecodingParams:
+        return DecodingParams(max_tokens=self.max_tokens)
+
+    @cached_property
+    def config_key(self) -> str:
+        # Read twice per page; computed once (cache_key.py keys dataclasses.fields only, never this cache).
+        return config_key(self)
