@@ -128,3 +128,61 @@ def test_the_vocabulary_check_sees_a_missing_or_extra_row() -> None:
     doc = ("## Outcomes and page statuses\n\n| outcome | meaning |\n|---|---|\n| `extracted` | x |\n\n"
            "| status | meaning |\n|---|---|\n| `ok` | x |\n| `bogus` | y |\n\n## Next\n| `later` | z |\n")
     assert _vocabulary_tables(doc) == {"outcome": {"extracted"}, "status": {"ok", "bogus"}}
+
+
+# docs/development.md's tree: a line that starts at the margin names a folder (`transforms/model/`) or a file
+# (`transforms/text_safety.py`); the names after it, on that line and the indented ones below, are files in
+# that folder, or paths from the repository root (`transforms/intake/listing_file.py`) or from the folder's
+# parent room (`intake/timed.py` under `transforms/`).
+FILE_NAME = re.compile(r"(?<![\w./*-])([\w./-]+\.(?:py|json|yaml|html))\b")
+
+
+def _layout_tree(text: str) -> str:
+    """The code block of the Layout section that holds the tree (the one naming `transforms/intake/`)."""
+    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    blocks = section.split("```")[1::2]
+    return next(b for b in blocks if "\ntransforms/intake/" in b)
+
+
+def _named_files(tree: str, root: Path) -> set[str]:
+    """Every file the tree names, as a path from the repository root."""
+    named: set[str] = set()
+    folder = ""
+    for line in tree.splitlines():
+        if line and not line[0].isspace():
+            head, _, line = line.partition(" ")
+            folder = head if head.endswith("/") else head.rpartition("/")[0] + "/"
+            if not head.endswith("/"):
+                named.add(head)
+        for name in FILE_NAME.findall(line):
+            top = name.split("/")[0]
+            if "/" in name and (root / top).is_dir():
+                named.add(name)
+            elif "/" in name:  # from the folder's room: intake/timed.py under transforms/
+                named.add(folder.split("/")[0] + "/" + name)
+            else:
+                named.add(folder + name)
+    return named
+
+
+def test_the_layout_tree_names_every_module_and_only_files_that_exist() -> None:
+    named = _named_files(_layout_tree((REPO / "docs" / "development.md").read_text()), REPO)
+    modules = {str(p.relative_to(REPO)) for folder in ("transforms", "pipelines") for p in (REPO / folder).rglob("*.py")
+               if p.name != "__init__.py" and "__pycache__" not in p.parts}
+    assert len(modules) > 60  # the folders were found
+    missing = sorted(modules - named)
+    assert not missing, "modules not named in docs/development.md's Layout tree:\n" + "\n".join(missing)
+    gone = sorted(n for n in named if not (REPO / n).is_file())
+    assert not gone, "files named in docs/development.md's Layout tree that do not exist:\n" + "\n".join(gone)
+
+
+def test_the_layout_tree_reader_resolves_each_kind_of_name(tmp_path: Path) -> None:
+    (tmp_path / "transforms").mkdir()
+    tree = ("transforms/intake/   a.py (uses transforms/pages/b.py), c.py\n"
+            "                     d.py (e.json)\n"
+            "transforms/f.py      what intake/g.py and pages/h.py share\n"
+            "schemas/     extraction/*.json, prices.json\n")
+    assert _named_files(tree, tmp_path) == {
+        "transforms/intake/a.py", "transforms/pages/b.py", "transforms/intake/c.py", "transforms/intake/d.py",
+        "transforms/intake/e.json", "transforms/f.py", "transforms/intake/g.py", "transforms/pages/h.py",
+        "schemas/prices.json"}
