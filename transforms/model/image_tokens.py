@@ -261,5 +261,6 @@ def idefics3_images(width: int, height: int, longest_edge: int, tile: int) -> in
 
 
 def check_size(width: int, height: int) -> None:
+    """The one size check every rule starts with (a 0 px side is a caller's error, not 0 tokens)."""
     if width < 1 or height < 1:
         raise ValueError(f"image size must be positive, got {width}x{height}")
