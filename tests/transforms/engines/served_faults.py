@@ -41,7 +41,7 @@ def page_task(name: str, width: int = 600, height: int = 800, detail_side: int =
     Image.new("RGB", (width, height), (230, 230, 230)).save(buf, format="JPEG")
     page = PageImage(doc_sha256="d" * 64, source_uri=name, page_index=0, page_hash=name, image=buf.getvalue(),
                      width=width, height=height, detail_side=detail_side)
-    return PageTask(page=page, cache_key=name, hint=hint, estimated_tokens=0)
+    return PageTask(page=page, cache_key=name, hint=hint)
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ import pytest
 
 from tests import docmaker
 from tests.conftest import vllm_available
+from tests.transforms.extract.feeding import extract_all
 from tests.transforms.extract.test_extract import config, odd_page, pages_of, tasks_for
 from transforms.engines.local import Engine, EngineSettings
-from transforms.extract.feed import extract_all
 from transforms.model.markdown import MARKDOWN_FORMATS
 from transforms.model.token_math import rule_for
 

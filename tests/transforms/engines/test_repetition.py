@@ -105,9 +105,8 @@ class LoopingCore:
 
 
 def test_the_engine_stops_a_looping_request_at_the_threshold_and_aborts_it() -> None:
-    from types import SimpleNamespace
-
     from tests.transforms.extract.test_feed import ENGINE
+    from transforms.engines.base import Prepared, Sampling
     from transforms.engines.local import Engine
 
     looping = distinct(40) + [1, 2, 3, 4, 5] * 2000
@@ -116,17 +115,16 @@ def test_the_engine_stops_a_looping_request_at_the_threshold_and_aborts_it() -> 
     core = LoopingCore({1: looping, 2: fine})
     engine.llm = core  # started: the loop drives the fake core
     try:
-        a = engine.submit({"prompt": "a"}, SimpleNamespace(max_tokens=8192))
-        b = engine.submit({"prompt": "bb"}, SimpleNamespace(max_tokens=300))
+        a = engine.submit(Prepared({"prompt": "a"}, 0, 0, 0), Sampling(0.0, 1.0, max_tokens=8192))
+        b = engine.submit(Prepared({"prompt": "bb"}, 0, 0, 0), Sampling(0.0, 1.0, max_tokens=300))
         stopped, finished = a.result(timeout=60).output, b.result(timeout=60).output
     finally:
         engine._stopped.set()
-    sample = stopped.outputs[0]
-    assert sample.finish_reason == "repetition"
-    assert len(sample.token_ids) == 40 + 5 + SPAN  # stopped at the threshold, not at the cap of 8,192
-    assert sample.text == "".join(f"<{t}>" for t in looping[:40 + 5 + SPAN])
+    assert stopped.finish_reason == "repetition"
+    assert stopped.output_tokens == 40 + 5 + SPAN  # stopped at the threshold, not at the cap of 8,192
+    assert stopped.text == "".join(f"<{t}>" for t in looping[:40 + 5 + SPAN])
     assert core.aborted == ["0"]  # and aborted in the engine: its sequence freed
-    assert (finished.outputs[0].finish_reason, len(finished.outputs[0].token_ids)) == ("length", 300)
+    assert (finished.finish_reason, finished.output_tokens) == ("length", 300)
 
 
 # The feed's side: a looping attempt is retried once with the next decoding setting and half the cap.
@@ -141,20 +139,19 @@ class LoopingEngine:
         self.caps: list[tuple[int, int]] = []  # (attempt, max_tokens) of each submit
         self.starts = 1
 
-    def sampling_params(self, schema, max_tokens: int, attempt: int) -> dict:
-        return {"max_tokens": max_tokens, "attempt": attempt}
-
-    def submit(self, request, params):
+    def submit(self, prepared, sampling):
         from concurrent.futures import Future
 
-        from transforms.engines.local import Completion, EngineOutput, Sample
+        from transforms.engines.base import Answer, Completion
+        from transforms.model.prompt import decoding
 
-        self.caps.append((params["attempt"], params["max_tokens"]))
+        attempt = 1 if (sampling.temperature, sampling.top_p) == decoding(1) else 2
+        self.caps.append((attempt, sampling.max_tokens))
         if len(self.caps) > self.loops:
-            return self.inner.submit(request, params)
+            return self.inner.submit(prepared, sampling)
         future: Future = Future()
-        future.set_result(Completion(EngineOutput([7] * 50, [Sample('{"language": "en", "lines": ["a a a',
-                                                                     (3,) * self.looped_tokens, "repetition")]), 0.1))
+        future.set_result(Completion(Answer('{"language": "en", "lines": ["a a a', "repetition", 0, 50,
+                                            self.looped_tokens), 0.1))
         return future
 
     def __getattr__(self, name: str):
@@ -168,9 +165,9 @@ def feed_config(**changes: object):
 
 
 def test_a_page_that_loops_twice_ends_repetition_after_one_retry_at_half_the_cap() -> None:
+    from tests.transforms.extract.feeding import extract_all
     from tests.transforms.extract.test_feed import tasks
     from transforms.engines.simulated import PAGE_TEXT
-    from transforms.extract.feed import extract_all
 
     cfg = feed_config(max_attempts=3)
     engine = LoopingEngine(loops=5, text=PAGE_TEXT)
@@ -182,9 +179,9 @@ def test_a_page_that_loops_twice_ends_repetition_after_one_retry_at_half_the_cap
 
 
 def test_a_retry_after_a_loop_that_answers_is_the_page_s_answer() -> None:
+    from tests.transforms.extract.feeding import extract_all
     from tests.transforms.extract.test_feed import tasks
     from transforms.engines.simulated import PAGE_TEXT
-    from transforms.extract.feed import extract_all
 
     cfg = feed_config()
     engine = LoopingEngine(loops=1, text=PAGE_TEXT)
@@ -194,8 +191,8 @@ def test_a_retry_after_a_loop_that_answers_is_the_page_s_answer() -> None:
 
 
 def test_a_markdown_page_that_loops_keeps_its_text_with_a_flag() -> None:
+    from tests.transforms.extract.feeding import extract_all
     from tests.transforms.extract.test_feed import tasks
-    from transforms.extract.feed import extract_all
     from transforms.model.markdown import load_output
 
     schema, markdown = load_output("markdown")

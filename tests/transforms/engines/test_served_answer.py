@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from tests.transforms.engines.served_faults import USAGE, Huge, Injector, completion, config, fault_server, page_task
+from tests.transforms.extract.feeding import extract_all
 from transforms.engines.served import EndpointSettings, OpenAIEngine
 from transforms.engines.served_answer import BYTES_PER_TOKEN, ENVELOPE_BYTES, answer_cap
-from transforms.extract.feed import extract_all
 
 MAX_TOKENS = 256  # config()'s
 CAP = 64 * 1024 + 256 * MAX_TOKENS  # the documented cap, by hand: 64 KiB + 256 bytes a token = 131,072 bytes

@@ -13,6 +13,7 @@ import pytest
 
 from tests.transforms.engines.served_faults import config, page_task
 from transforms.engines.served_prompt import FAMILY_TOKENS, build_request, served_controls
+from transforms.extract.feed import page_request
 from transforms.model.token_math import DEFAULT_RULES
 
 # The tokens the issue found in served prompts, by family: each must be a control token of its tiny tokenizer.
@@ -42,7 +43,7 @@ def controls_in(tokenizer: Any, text: str) -> list[str]:
 
 def sent_text(model: str, hint: str, family: str = "qwen2_vl") -> str:
     cfg = config(model=model, model_family=DEFAULT_RULES[family])
-    content = build_request(page_task("p.png", hint=hint), cfg).prompt["messages"][1]["content"]
+    content = build_request(page_request(page_task("p.png", hint=hint), cfg)).request["messages"][1]["content"]
     return "".join(part["text"] for part in content if part["type"] == "text")  # every text part, in any layout
 
 
