@@ -28,7 +28,7 @@ def ledger_usd(provider: str) -> float:
     result = ExtractionResult(status="ok", text_tokens=TEXT, output_tokens=OUTPUT, image_tokens=1600, attempts=1,
                               sent_width=WIDTH, sent_height=HEIGHT)
     cfg = extract_config(api_price=provider, prices=budget.load_prices())
-    (row,) = to_rows((PageTask(page=page, cache_key="k", hint="", estimated_tokens=0), result), ENGINE, cfg)
+    (row,) = to_rows((PageTask(page=page, cache_key="k", hint=""), result), ENGINE, cfg)
     return row.api_equivalent_usd
 
 
