@@ -48,13 +48,14 @@ class ProbeEngine(Engine):
         self.log = log
         super().__init__(settings)
 
-    def submit(self, request: Any, params: Any) -> Any:
+    def submit(self, prepared: Any, sampling: Any) -> Any:
+        request = prepared.request
         img: Image.Image = request["multi_modal_data"]["image"]
         with open(self.log, "a") as handle:
             handle.write(json.dumps({"size": list(img.size), "pdq": pdq_hash(img)[0],
                                      "mean": float(np.asarray(img.convert("L")).mean()),
                                      "prompt": request["prompt"]}) + "\n")
-        return super().submit(request, params)
+        return super().submit(prepared, sampling)
 
 
 def rows(output: Path, query: str) -> list[dict[str, Any]]:

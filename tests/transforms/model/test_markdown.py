@@ -93,16 +93,16 @@ def test_cache_configuration_differs_by_output() -> None:
 
 
 def test_judge_turns_a_markdown_answer_into_a_result() -> None:
-    from transforms.engines.local import EngineOutput, Sample
+    from transforms.engines.base import Answer
     from transforms.extract.feed import judge
     from transforms.model.postfilter import SchemaValidator
 
     validator = SchemaValidator(OLMOCR.schema)
-    out = EngineOutput([7, 7, 1, 2], [Sample(ANSWER, (5,) * 30, "length")])
-    r = judge(out, 7, validator, 1, OLMOCR)
+    out = Answer(ANSWER, "length", image_tokens=2, text_tokens=2, output_tokens=30)
+    r = judge(out, validator, 1, OLMOCR)
     assert (r.status, r.flags) == ("ok", ("truncated_output",))
     assert (r.image_tokens, r.text_tokens, r.output_tokens) == (2, 2, 30)
     assert json.loads(r.extraction)["is_table"] is False and r.markdown.startswith("# Invoice")
-    bad = judge(EngineOutput([1], [Sample("# no front matter", (5,), "stop")]), 7, validator, 2, OLMOCR)
+    bad = judge(Answer("# no front matter", "stop", 0, 1, 1), validator, 2, OLMOCR)
     assert (bad.status, bad.reason_code, bad.extraction, bad.flags) == ("invalid", FRONT_MATTER_INVALID, None, ())
     assert bad.message.startswith("attempt 2: no front matter")

@@ -99,7 +99,6 @@ def test_low_detail_changes_the_key_the_estimate_and_saves_tokens() -> None:
     assert high_key != low_key and high.hint == low.hint == "Total 120.00"
     full = token_math.estimate_image_tokens("qwen2_vl", 910, 1288)
     small = token_math.estimate_image_tokens("qwen2_vl", 452, 640)
-    assert high.estimated_tokens - low.estimated_tokens == full - small
     result = ExtractionResult(status="ok", extraction=json.dumps(CLEAN), image_tokens=small, text_tokens=80,
                               output_tokens=60, attempts=1, gpu_seconds=0.2, sent_width=452, sent_height=640)
     (row,) = to_rows(PredictionResult(low, result), ENGINE, cfg)
