@@ -7,7 +7,7 @@ that answers at once (no vLLM; the socket is what is measured):
     pickles (mode, size, raw RGB pixels) with conn.send, the service unpickles and Image.frombytes;
   - frames: the real worker (transforms.engines.machine.RemoteEngine) and the real service loop
     (machine.serve): a JSON header + the page's encoded bytes, decoded and sized in the service by
-    feed.page_pixels.
+    templated.page_pixels.
 Both paths get the decoded page before the clock (the worker's prepare decodes it in both: the budget needs
 its size). Prints bytes a page on the wire, and CPU ms a page in the worker (process_time of this process
 around the sends and the reader thread) and in the service (its /proc utime+stime). Asserts nothing.
@@ -40,12 +40,14 @@ from schemas.records import DocumentRecord, PageImage  # noqa: E402
 from tests.conftest import corpus_dir  # noqa: E402
 from transforms.child_process import python_argv  # noqa: E402
 from transforms.engines import machine_wire as wire  # noqa: E402
-from transforms.engines.local import Completion, EngineOutput, EngineSettings, Sample  # noqa: E402
+from transforms.engines.base import Answer, Completion, PageSource, Prepared, Sampling  # noqa: E402
+from transforms.engines.local import EngineSettings  # noqa: E402
 from transforms.engines.machine import SOCKET, RemoteEngine, serve  # noqa: E402
-from transforms.extract.feed import PageSource, page_pixels  # noqa: E402
+from transforms.engines.templated import page_pixels  # noqa: E402
 from transforms.pages.render import RenderSettings, render_document  # noqa: E402
 
 FIELDS = {"temperature": 0.0, "top_p": 1.0, "max_tokens": 64, "json": {"type": "object"}}
+SAMPLING = Sampling.of_fields(FIELDS)
 ANSWER = '{"ok": true}'
 
 
@@ -57,9 +59,9 @@ class StubEngine:
     def __init__(self, settings: Any, directory: Path) -> None:
         pass
 
-    def submit(self, request: dict[str, Any], params: Any) -> Future[Completion]:
+    def submit(self, prepared: Prepared, sampling: Any) -> Future[Completion]:
         future: Future[Completion] = Future()
-        future.set_result(Completion(EngineOutput([1, 2, 3], [Sample(ANSWER, (4, 5), "stop")]), 0.0))
+        future.set_result(Completion(Answer(ANSWER, "stop", 1, 2, 2), 0.0))
         return future
 
     def abort(self, future: Future[Completion]) -> None:
@@ -84,9 +86,10 @@ def baseline_serve(directory: Path) -> None:
             return
         _, rid, prompt, (mode, size, pixels), params = message
         image = Image.frombytes(mode, size, pixels)
-        c = engine.submit({"prompt": prompt, "multi_modal_data": {"image": image}}, params).result()
-        samples = [(s.text, tuple(s.token_ids), s.finish_reason) for s in c.output.outputs]
-        conn.send(("done", rid, list(c.output.prompt_token_ids), samples, c.gpu_seconds, 1))
+        c = engine.submit(Prepared({"prompt": prompt, "multi_modal_data": {"image": image}}, 0, *size), params).result()
+        # The old reply's shape: the prompt's token ids and the samples' (text, token ids, finish reason).
+        samples = [(c.output.text, (4, 5), c.output.finish_reason)]
+        conn.send(("done", rid, [1, 2, 3], samples, c.gpu_seconds, 1))
 
 
 def baseline_submit(rid: int, prompt: str, img: Image.Image, params: Any) -> tuple[Any, ...]:
@@ -172,7 +175,8 @@ def run_frames(pages: list[tuple[PageImage, Image.Image]], directory: Path, in_f
                               kv_cache_gib=None, enforce_eager=True, service_dir=str(directory))
     engine = BenchRemoteEngine(settings)
     warm = Image.new("RGB", (8, 8))
-    engine.submit({"prompt": "warm", "multi_modal_data": {"image": warm}}, FIELDS).result(timeout=120)
+    warmup = Prepared({"prompt": "warm", "multi_modal_data": {"image": warm}}, 0, 8, 8)
+    engine.submit(warmup, SAMPLING).result(timeout=120)
     slots = threading.Semaphore(in_flight)
     pid = service_pid(directory)
     frames = 0
@@ -182,7 +186,7 @@ def run_frames(pages: list[tuple[PageImage, Image.Image]], directory: Path, in_f
         slots.acquire()
         request = {"prompt": "prompt", "multi_modal_data": {"image": img},
                    "page": PageSource(page.image, page.detail_side, img.size)}
-        future = engine.submit(request, FIELDS)
+        future = engine.submit(Prepared(request, 0, *img.size), SAMPLING)
         future.add_done_callback(lambda _: slots.release())
         futures.append(future)
     for future in futures:
@@ -204,7 +208,7 @@ def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] in ("--serve-baseline", "--serve-frames"):
         directory = Path(sys.argv[2])
         (directory / "bench.pid").write_text(str(os.getpid()))
-        return baseline_serve(directory) if sys.argv[1] == "--serve-baseline" else serve(directory, StubEngine, dict)
+        return baseline_serve(directory) if sys.argv[1] == "--serve-baseline" else serve(directory, StubEngine)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pages", type=int, default=60, help="corpus pages to send")
     parser.add_argument("--in-flight", type=int, default=8, help="pages in flight on the socket")

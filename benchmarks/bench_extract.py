@@ -44,8 +44,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from schemas.extraction import load_schema  # noqa: E402
 from schemas.records import DocumentRecord, ExtractionResult, ListedObject, PageImage, PageTask  # noqa: E402
+from tests.transforms.extract.feeding import extract_all  # noqa: E402
 from transforms.engines.local import Engine, EngineSettings, is_cpu_platform  # noqa: E402
-from transforms.extract.feed import extract_all  # noqa: E402
 from transforms.extract.stage import ExtractConfig, make_task, to_rows  # noqa: E402
 from transforms.intake.inspection import IntakeLimits, inspect_document  # noqa: E402
 from transforms.model import budget  # noqa: E402
@@ -70,9 +70,9 @@ class TimedEngine(Engine):
         self.requests = 0
         super().__init__(settings)
 
-    def submit(self, request: dict[str, Any], params: Any) -> Any:
+    def submit(self, prepared: Any, sampling: Any) -> Any:
         self.requests += 1
-        return super().submit(request, params)
+        return super().submit(prepared, sampling)
 
 
 @dataclasses.dataclass

@@ -167,7 +167,8 @@ def run_layout(args: argparse.Namespace, todo: Sequence[Any], layout: str) -> di
     from vllm import SamplingParams
 
     from schemas.extraction import load_schema
-    from transforms.engines.local import Completion, Engine, EngineSettings
+    from transforms.engines.base import Completion, Prepared, Sampling
+    from transforms.engines.local import Engine, EngineSettings
     from transforms.model.prompt import chat_messages, clean_hint
 
     class DummyEngine(Engine):
@@ -177,6 +178,10 @@ def run_layout(args: argparse.Namespace, todo: Sequence[Any], layout: str) -> di
             kwargs = {**super().llm_kwargs(cpu), "load_format": "dummy"}
             kwargs.pop("structured_outputs_config", None)  # no constrained decoding: see the docstring
             return kwargs
+
+        def sampling_params(self, sampling: Sampling) -> Any:
+            return SamplingParams(temperature=0.0, max_tokens=sampling.max_tokens, min_tokens=sampling.max_tokens,
+                                  ignore_eos=True)  # every answer exactly --output-tokens long
 
     with tempfile.TemporaryDirectory() as tmp:
         model = model_dir(Path(tmp))
@@ -189,8 +194,7 @@ def run_layout(args: argparse.Namespace, todo: Sequence[Any], layout: str) -> di
         tok = engine.tokenizer()
         start_s = time.perf_counter() - t0
         schema = load_schema("invoice").schema
-        params = SamplingParams(temperature=0.0, max_tokens=args.output_tokens, min_tokens=args.output_tokens,
-                                ignore_eos=True)
+        params = Sampling(temperature=0.0, top_p=1.0, max_tokens=args.output_tokens)
         window = 2 * args.max_num_seqs
         in_flight: set[Future[Any]] = set()
         done: list[Future[Completion]] = []
@@ -201,14 +205,15 @@ def run_layout(args: argparse.Namespace, todo: Sequence[Any], layout: str) -> di
             prompt = tok.apply_chat_template(chat_messages(schema, clean_hint(page.text_layer, 4000), tok,
                                                            layout=layout), tokenize=False, add_generation_prompt=True)
             img = Image.open(io.BytesIO(page.image)).convert("RGB")
-            done.append(engine.submit({"prompt": prompt, "multi_modal_data": {"image": img}}, params))
+            request = Prepared({"prompt": prompt, "multi_modal_data": {"image": img}}, 0, img.width, img.height)
+            done.append(engine.submit(request, params))
             in_flight.add(done[-1])
         wait(in_flight)
         wall = time.perf_counter() - t0
         engine.shutdown()
     outputs = [f.result().output for f in done]
-    prompt_tokens = statistics.median(len(o.prompt_token_ids) for o in outputs)
-    cached = statistics.median(o.num_cached_tokens or 0 for o in outputs)
+    prompt_tokens = statistics.median(o.image_tokens + o.text_tokens for o in outputs)
+    cached = statistics.median(o.cached_prompt_tokens for o in outputs)
     rate = len(todo) / wall
     figures = {"layout": layout, "model": "Qwen2.5-VL-7B shape, dummy weights", "pages": len(todo),
                "output_tokens": args.output_tokens, "prompt_tokens_per_page": prompt_tokens,

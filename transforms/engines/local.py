@@ -282,8 +282,12 @@ class Engine:
         EngineDead if the engine cannot start."""
         self.start()
         future: Future[Completion] = Future()
-        self._queue.put((prepared.request, vllm_sampling(sampling), future))
+        self._queue.put((prepared.request, self.sampling_params(sampling), future))
         return future
+
+    def sampling_params(self, sampling: Sampling) -> Any:
+        """vLLM's SamplingParams of one attempt (a benchmark of fixed answer lengths sets its own here)."""
+        return vllm_sampling(sampling)
 
     def abort(self, future: Future[Completion]) -> None:
         if not future.done():
