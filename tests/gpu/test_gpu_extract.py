@@ -118,7 +118,7 @@ def test_the_engine_runs_on_the_gpu(gpu_engine: Engine, gpu_settings: EngineSett
 
 def test_extraction_on_the_gpu_gives_schema_valid_json(gpu_engine: Engine, gpu_settings: EngineSettings) -> None:
     from tests import docmaker
-    from transforms.extract.feed import extract_all
+    from tests.transforms.extract.feeding import extract_all
     from transforms.extract.stage import make_task
     from transforms.model import token_math
 
@@ -140,7 +140,7 @@ def test_more_pages_than_max_num_seqs_in_flight_fill_the_gpu_engine(gpu_engine: 
                                                                     gpu_settings: EngineSettings) -> None:
     """More pages in flight than max_num_seqs: vLLM queues them; every page gets a result."""
     from tests import docmaker
-    from transforms.extract.feed import extract_all
+    from tests.transforms.extract.feeding import extract_all
     from transforms.extract.stage import make_task
 
     cfg = extract_config(max_tokens=256)
