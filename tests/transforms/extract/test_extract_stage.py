@@ -44,3 +44,25 @@ def test_repeats_wait_for_the_first_and_earlier_keys_are_cached() -> None:
         earlier_rows = p | "Earlier" >> beam.Create(earlier)
         rows = (p | beam.Create(pages) | ExtractPages(ENGINE, cfg, factory, earlier=earlier_rows))
         assert_that(rows, check)
+
+
+ENGINES: list = []  # the engines the stage made (the DirectRunner runs the DoFn in this process)
+
+
+def counting_engine(settings: object, slots: int) -> object:
+    from tests.transforms.extract.test_feed import Counting
+
+    ENGINES.append(Counting(slots=slots, seconds=0.02))
+    return ENGINES[-1]
+
+
+def test_the_stage_keeps_in_flight_twice_what_the_engine_says_it_runs() -> None:
+    """The in-flight bound comes from the engine's own `sequences()` (here 1 slot: 2 pages), not from the
+    vLLM settings' max_num_seqs (4 here: 8 pages) nor from asking what kind of engine it is."""
+    ENGINES.clear()
+    cfg = config()
+    with beam.Pipeline() as p:
+        _ = p | beam.Create([page(i) for i in range(12)]) | ExtractPages(
+            ENGINE, cfg, functools.partial(counting_engine, slots=1))
+    (engine,) = ENGINES
+    assert engine.submitted == 12 and engine.peak == 2
