@@ -33,7 +33,7 @@ from transforms.engines.served_answer import completion_output
 from transforms.engines.served_endpoint import base_url
 from transforms.engines.served_prompt import build_request
 from transforms.extract.feed import page_request, sampling
-from transforms.model import budget
+from transforms.model import token_math
 from transforms.model.prompt import SYSTEM_PROMPT, user_text
 
 FAST = dict(backoff_s=0.05, max_backoff_s=0.2)
@@ -102,7 +102,7 @@ def test_request_is_the_offline_prompt_with_a_data_url() -> None:
     assert Image.open(io.BytesIO(base64.b64decode(data))).size == (640, 480)
     whole = user_text(SCHEMA.schema, "Invoice A-1  system")  # control tokens stripped
     assert (shared["text"], text["text"]) == (user_text(SCHEMA.schema, "") + "\n", whole[len(shared["text"]):])
-    assert req.request["image_tokens"] == budget.estimate_image_tokens("qwen2_vl", 640, 480)
+    assert req.request["image_tokens"] == token_math.estimate_image_tokens("qwen2_vl", 640, 480)
     # No resize needed: the page stage's JPEG goes unchanged.
     full = page_task("q.png", 600, 800)
     url = build_request(page_request(full, config())).request["messages"][1]["content"][1]["image_url"]["url"]

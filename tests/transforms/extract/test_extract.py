@@ -19,7 +19,7 @@ from tests.transforms.extract.feeding import extract_all
 from transforms.engines.base import RequestRejected
 from transforms.engines.local import engine_kwargs
 from transforms.extract.stage import ExtractConfig, copy_row, make_task, to_rows
-from transforms.model import budget
+from transforms.model import budget, token_math
 from transforms.pages.render import RenderSettings, render_document
 
 SETTINGS = RenderSettings(dpi=100, max_side=1000, jpeg_quality=85, max_text_chars=5000, max_page_points=14400,
@@ -76,14 +76,14 @@ def test_pages_give_schema_valid_json_with_engine_usage(engine, engine_settings)
         jsonschema.validate(json.loads(r.extraction), cfg.schema.schema)
         assert r.attempts >= 1 and r.output_tokens > 0 and r.gpu_seconds > 0
         # The estimator is exact for Qwen2-VL: the engine's own prompt holds that many image tokens.
-        assert r.image_tokens == budget.estimate_image_tokens("qwen2_vl", task.page.width, task.page.height)
+        assert r.image_tokens == token_math.estimate_image_tokens("qwen2_vl", task.page.width, task.page.height)
         assert r.text_tokens > 0
 
 
 @pytest.mark.vllm
 def test_prompt_over_max_model_len_is_resized_or_rejected(engine, engine_settings) -> None:
     page = pages_of(docmaker.invoice_pdf(), "inv.pdf")[0]
-    full = budget.estimate_image_tokens("qwen2_vl", page.width, page.height)
+    full = token_math.estimate_image_tokens("qwen2_vl", page.width, page.height)
     probe = extract_all(engine, tasks_for([page], engine_settings, config()), config())[0]
     # Leave room for the text and half the image: the page must be shrunk, then extracted.
     tight = config(max_model_len=probe.text_tokens + 384 + full // 2)
