@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 from apache_beam.io.filesystems import FileSystems  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from pipelines.run.options import PagemillOptions  # noqa: E402
+from pipelines.config.options import PagemillOptions  # noqa: E402
 from pipelines.run.settings import run_settings  # noqa: E402
 from schemas import tables  # noqa: E402
 from schemas.layout import partition  # noqa: E402

@@ -24,9 +24,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from pipelines.config.options import PagemillOptions  # noqa: E402
+from pipelines.config.storage import StorageConfig  # noqa: E402
 from pipelines.estimate.estimate import estimate  # noqa: E402
-from pipelines.run.options import PagemillOptions  # noqa: E402
-from pipelines.run.storage import StorageConfig  # noqa: E402
 from tests import docmaker  # noqa: E402
 
 

@@ -51,7 +51,7 @@ from transforms.intake.inspection import IntakeLimits, inspect_document  # noqa:
 from transforms.model import budget  # noqa: E402
 from transforms.pages.render import RenderSettings, render_document  # noqa: E402
 
-# The pipeline's defaults (pipelines/run/options.py) except max_side, which is a flag here.
+# The pipeline's defaults (pipelines/config/options.py) except max_side, which is a flag here.
 MAX_BYTES = 50 * 2**20
 LIMITS = IntakeLimits(max_bytes=MAX_BYTES, max_pages=5000, max_image_pixels=89_478_485)
 WARMUP_SEED = 90_000  # an invoice that is not among the measured pages

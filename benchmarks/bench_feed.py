@@ -60,8 +60,8 @@ def one_run(kind: str, pages: int, slots: int, seconds: float) -> dict[str, Any]
     """One pipeline run in this process; its figures from the written `pages` table."""
     import apache_beam as beam
 
+    from pipelines.config.options import PagemillOptions
     from pipelines.run.graph import build_pipeline
-    from pipelines.run.options import PagemillOptions
     from pipelines.run.settings import run_settings
     from pipelines.tables import sql
     from transforms.engines.simulated import simulated

@@ -157,7 +157,7 @@ def main() -> None:
                         "the bare loop always uses this one's functions")
     parser.add_argument("--nsfw-classifier", default="nudenet", help="for both halves (the pipeline's default)")
     args = parser.parse_args()
-    # The pipeline's defaults (pipelines/run/options.py), so both halves do the same work per page.
+    # The pipeline's defaults (pipelines/config/options.py), so both halves do the same work per page.
     settings = RenderSettings(dpi=150.0, max_side=1288, jpeg_quality=90, max_text_chars=20_000,
                               max_page_points=14_400.0, max_image_pixels=89_478_485, max_bytes=50 * 2**20)
     become_subreaper()

@@ -26,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE)
         return 0 if args else 2
     command, rest = args[0], args[1:]
-    from pipelines.run.storage import secrets_warning
+    from pipelines.config.storage import secrets_warning
 
     warning = secrets_warning(rest)
     if warning:
@@ -56,8 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_command(argv: Sequence[str]) -> int:
     """Parse the run's flags (command line, --job file, --preset, storage) and hand them to pipelines/run/run.py."""
-    from pipelines.run.options import OptionError, PagemillOptions, local_workers_flags, merge_flags
-    from pipelines.run.storage import add_storage_args, storage_from
+    from pipelines.config.options import OptionError, PagemillOptions, merge_flags
+    from pipelines.config.storage import add_storage_args, storage_from
+    from pipelines.run.local_workers import local_workers_flags, usable_cores
     from transforms.model.presets import with_preset
 
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
@@ -98,16 +99,8 @@ def run_command(argv: Sequence[str]) -> int:
     return run(options, storage)
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity, e.g. a container's CPU set), not the machine's."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def sql_command(argv: Sequence[str]) -> int:
-    from pipelines.run.storage import add_storage_args, configure, storage_from
+    from pipelines.config.storage import add_storage_args, configure, storage_from
     from pipelines.tables import sql
 
     parser = argparse.ArgumentParser(prog="pagemill sql")
@@ -126,7 +119,7 @@ def sql_command(argv: Sequence[str]) -> int:
         return 0
     if not args.output or (args.query is None) == (args.named is None):
         parser.error("--output and exactly one of QUERY or --query NAME are required")
-    from pipelines.run.options import check_identifier
+    from pipelines.config.options import check_identifier
 
     bad = check_identifier("--tenant", args.tenant)
     if bad:

@@ -24,7 +24,7 @@ def test_options_doc_is_generated_from_the_code() -> None:
 
 def test_every_run_option_is_in_the_options_doc() -> None:
     """Independent of the generator: every flag `pagemill run` accepts has a row with its default."""
-    from pipelines.run.options import PagemillOptions
+    from pipelines.config.options import PagemillOptions
 
     doc = (REPO / "docs" / "options.md").read_text()
     rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `--([\w-]+)` \|.*$", doc, re.M)}

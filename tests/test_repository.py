@@ -1,7 +1,7 @@
 """The repository itself: it names no machine (no absolute path of a developer's or CI's machine in any
 tracked file; the shared corpus is `../shared/corpus` beside the clone, or $PAGEMILL_CORPUS), cites no file
-outside it, keeps its layers (nothing in transforms/ or schemas/ imports pipelines/; transforms/' rooms import
-downward only and in no circle) and its modules short."""
+outside it, keeps its layers (nothing in transforms/ or schemas/ imports pipelines/; the rooms of transforms/ and
+of pipelines/ import downward only and in no circle) and its modules short."""
 from __future__ import annotations
 
 import ast
@@ -169,6 +169,25 @@ def test_transforms_has_no_import_circle() -> None:
 def test_transforms_rooms_import_only_their_own_or_lower_rooms() -> None:
     found = upward_imports(_graph_of("transforms"), TRANSFORMS_ROOMS)
     assert not found, ("upward imports in transforms/ (rooms low to high: " + " < ".join(TRANSFORMS_ROOMS) + "):\n"
+                       + "\n".join(found))
+
+
+# The rooms of pipelines/, low to high: the tiny test models stand alone; config/ is what every command shares
+# (options, job files, storage); the tables are read by the run and the estimate; the estimate builds on the
+# run's settings; cli.py dispatches to them all.
+PIPELINES_ROOMS = ("tiny_models", "config", "tables", "run", "estimate", "cli")
+
+
+def test_pipelines_has_no_import_circle() -> None:
+    graph = _graph_of("pipelines")
+    assert len(graph) > 20 and any(graph.values())  # the folder and its imports were found
+    found = circles(graph)
+    assert not found, "import circles in pipelines/:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_pipelines_rooms_import_only_their_own_or_lower_rooms() -> None:
+    found = upward_imports(_graph_of("pipelines"), PIPELINES_ROOMS)
+    assert not found, ("upward imports in pipelines/ (rooms low to high: " + " < ".join(PIPELINES_ROOMS) + "):\n"
                        + "\n".join(found))
 
 

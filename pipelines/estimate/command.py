@@ -8,9 +8,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from pipelines.config.options import PagemillOptions, _bool, merge_flags
+from pipelines.config.storage import StorageConfig, add_storage_args, configure, storage_from
 from pipelines.estimate.estimate import estimate
-from pipelines.run.options import PagemillOptions, _bool, merge_flags
-from pipelines.run.storage import StorageConfig, add_storage_args, configure, storage_from
 
 
 def render_table(r: dict[str, Any]) -> str:

@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from typing import Any
 
+from pipelines.config.options import PagemillOptions
+from pipelines.config.storage import StorageConfig
 from pipelines.estimate.detail import Decisions, detail_summary, expected_tokens, render_decisions, stratum
 from pipelines.estimate.scan import (
     CacheKeyParts,
@@ -29,9 +31,7 @@ from pipelines.estimate.scan import (
     scan,
 )
 from pipelines.run.option_checks import epoch
-from pipelines.run.options import PagemillOptions
 from pipelines.run.settings import extract_config, run_settings
-from pipelines.run.storage import StorageConfig
 from schemas.extraction import ExtractionSchema
 from schemas.records import API_ROUTE_PREFIX
 from schemas.statuses import FAILED, REJECTED

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from pipelines.run.storage import StorageConfig
+from pipelines.config.storage import StorageConfig
 from pipelines.tables import sql
 from schemas.records import DocumentRecord, ListedObject, model_routes_sql
 from schemas.statuses import OK, REJECTED, SUCCESS, sql_list

@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from pipelines.run.storage import StorageConfig, arrow_filesystem
+from pipelines.config.storage import StorageConfig, arrow_filesystem
 from pipelines.tables import sql
 from schemas import layout
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from pipelines.run.storage import StorageConfig
+from pipelines.config.storage import StorageConfig
 from transforms.intake.listing import literal_prefix
 from transforms.text_safety import redact_url, terminal_safe
 

@@ -14,23 +14,17 @@ SINCE_LAST_RUN_OVERLAP_S = 3600
 
 def run(options: Any, storage: Any) -> int:
     """Run the pipeline `options` describe (PipelineOptions holding PagemillOptions) over `storage`
-    (pipelines/run/storage.py); the exit code (pipelines/run/exit_codes.py), 2 when an option or check fails."""
+    (pipelines/config/storage.py); the exit code (pipelines/run/exit_codes.py), 2 when an option or check fails."""
     from apache_beam.options.pipeline_options import GoogleCloudOptions
 
-    from pipelines.cli import usable_cores
+    from pipelines.config.options import PagemillOptions, check_identifiers, new_run_id
+    from pipelines.config.storage import configure
     from pipelines.run.exit_codes import exit_code
+    from pipelines.run.local_workers import resolve_local_workers, small_run, usable_cores
     from pipelines.run.option_checks import check_options
-    from pipelines.run.options import (
-        PagemillOptions,
-        check_identifiers,
-        new_run_id,
-        resolve_local_workers,
-        small_run,
-    )
     from pipelines.run.preflight import preflight
     from pipelines.run.retries import settle
     from pipelines.run.settings import run_settings
-    from pipelines.run.storage import configure
     from pipelines.run.waves import listing_for, run_waves
     from pipelines.tables.manifest import build_manifest, manifest_options, run_counts, write_manifest
     from transforms.intake.listing_file import clear_listing

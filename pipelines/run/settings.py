@@ -28,7 +28,7 @@ from transforms.pages.render import RenderSettings
 from transforms.safety.gate import SafetyConfig
 
 if TYPE_CHECKING:
-    from pipelines.run.options import PagemillOptions
+    from pipelines.config.options import PagemillOptions
     from transforms.engines.served import EndpointSettings
 
 
@@ -69,7 +69,7 @@ def run_settings(o: PagemillOptions) -> RunSettings:
 
 
 def read_config(o: Any) -> ReadConfig:
-    """From a run's pipeline options (Beam's S3Options hold the storage settings, pipelines/run/storage.py)."""
+    """From a run's pipeline options (Beam's S3Options hold the storage settings, pipelines/config/storage.py)."""
     from apache_beam.options.pipeline_options import S3Options
 
     s3 = o.view_as(S3Options)

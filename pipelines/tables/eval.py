@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.run.storage import StorageConfig, add_storage_args, configure, storage_from
+from pipelines.config.storage import StorageConfig, add_storage_args, configure, storage_from
 from pipelines.tables import sql
 from schemas.layout import eval_path
 from schemas.records import model_routes_sql
@@ -347,7 +347,7 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, StorageConfig]:
 
 def command(argv: Sequence[str]) -> int:
     args, storage = parse(argv)
-    from pipelines.run.options import check_identifier  # run ids and tenants are folder names
+    from pipelines.config.options import check_identifier  # run ids and tenants are folder names
 
     bad = check_identifier("--run-id", args.run_id) or check_identifier("--tenant", args.tenant)
     if bad:

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipelines.run.storage import StorageConfig, arrow_filesystem
+from pipelines.config.storage import StorageConfig, arrow_filesystem
 from pipelines.tables import sql
 from schemas import layout, tables
 from schemas.sql_types import quote
@@ -67,8 +67,8 @@ def _inside_tables(output: str, to: str, storage: StorageConfig) -> str | None:
 
 
 def command(argv: Sequence[str]) -> int:
-    from pipelines.run.options import check_identifier
-    from pipelines.run.storage import add_storage_args, configure, storage_from
+    from pipelines.config.options import check_identifier
+    from pipelines.config.storage import add_storage_args, configure, storage_from
 
     parser = argparse.ArgumentParser(prog="pagemill export", description="Write one typed view to a file.")
     parser.add_argument("--output", required=True, help="output root that `pagemill run` wrote")

@@ -127,10 +127,10 @@ def manifest_options(options: Any) -> dict[str, Any]:
     """The options a manifest records: every pagemill option (PagemillOptions, defaults included), and the
     Beam options this run set to something other than their default (its runner, workers, job name: given on
     the command line, in the job file, or by pagemill itself for a local run). Not Beam's other 150-odd
-    defaults (Dataflow, Flink, Kafka...), and never a credential (pipelines/run/storage.py CREDENTIAL_OPTIONS, and
+    defaults (Dataflow, Flink, Kafka...), and never a credential (pipelines/config/storage.py CREDENTIAL_OPTIONS, and
     the password of any URL in a value: `--endpoint http://u:pw@host/v1` is recorded as `http://u:***@host/v1`)."""
-    from pipelines.run.options import own_option_names
-    from pipelines.run.storage import CREDENTIAL_OPTIONS
+    from pipelines.config.options import own_option_names
+    from pipelines.config.storage import CREDENTIAL_OPTIONS
 
     own = own_option_names()
     every = options.get_all_options(drop_default=False)

@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipelines.run.storage import StorageConfig
+from pipelines.config.storage import StorageConfig
 from pipelines.tables import sql
 from schemas.records import REASON_CODES, model_routes_sql
 from schemas.statuses import DUPLICATE, OK

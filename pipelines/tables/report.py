@@ -28,7 +28,7 @@ from typing import Any
 import duckdb
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.run.storage import StorageConfig, add_storage_args, configure, storage_from
+from pipelines.config.storage import StorageConfig, add_storage_args, configure, storage_from
 from pipelines.tables import queries, sql
 from schemas.records import is_model_route, model_routes_sql
 from schemas.statuses import (
@@ -292,7 +292,7 @@ def command(argv: Sequence[str]) -> int:
     parser.add_argument("--html", required=True, help="the HTML file to write")
     add_storage_args(parser)
     args = parser.parse_args(argv)
-    from pipelines.run.options import check_identifier
+    from pipelines.config.options import check_identifier
 
     bad = check_identifier("--run-id", args.run_id) or check_identifier("--tenant", args.tenant)
     if bad:

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from pipelines.run.storage import StorageConfig, arrow_filesystem
+from pipelines.config.storage import StorageConfig, arrow_filesystem
 from pipelines.tables import typed_views
 from schemas import layout, tables
 from transforms.text_safety import terminal_safe

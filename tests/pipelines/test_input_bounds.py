@@ -9,8 +9,8 @@ from typing import Any
 
 import apache_beam as beam
 
+from pipelines.config.options import PagemillOptions
 from pipelines.run.graph import build_pipeline
-from pipelines.run.options import PagemillOptions
 from pipelines.run.settings import run_settings
 from pipelines.tables import sql
 from tests import docmaker

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pipelines import cli
-from pipelines.run.options import PagemillOptions, check_flags, merge_flags
+from pipelines.config.options import PagemillOptions, check_flags, merge_flags
 from tests import docmaker
 from tests.pipelines.raw import raw_rows
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.run.options import PagemillOptions, local_workers_flags, resolve_local_workers, small_run
+from pipelines.config.options import PagemillOptions
+from pipelines.run.local_workers import local_workers_flags, resolve_local_workers, small_run
 
 MULTI = ["--direct_running_mode=multi_processing"]
 

@@ -98,7 +98,7 @@ def _recipes() -> list[list[str]]:
 
 def test_readme_runner_recipes_use_known_flags() -> None:
     """As far as a recipe can be tested here: every flag of the Dataflow, Flink and Spark lines parses."""
-    from pipelines.run.options import check_flags
+    from pipelines.config.options import check_flags
 
     recipes = _recipes()
     assert len(recipes) >= 4, recipes

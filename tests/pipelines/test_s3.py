@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines import cli
-from pipelines.run.storage import StorageConfig, configure
+from pipelines.config.storage import StorageConfig, configure
 from pipelines.tables import sql
 from schemas import tables
 from tests import docmaker

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from pipelines.config.options import PagemillOptions
 from pipelines.run.graph import build_pipeline
-from pipelines.run.options import PagemillOptions
 from pipelines.run.settings import run_settings
 from pipelines.tables import sql
 from pipelines.tables.manifest import run_counts

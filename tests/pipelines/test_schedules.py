@@ -17,8 +17,8 @@ import pytest
 from apache_beam.options.pipeline_options import GoogleCloudOptions
 
 from pipelines import cli
+from pipelines.config.options import PagemillOptions, merge_flags
 from pipelines.run import option_checks
-from pipelines.run.options import PagemillOptions, merge_flags
 from pipelines.run.run import SINCE_LAST_RUN_OVERLAP_S, listing_window
 from pipelines.run.settings import run_settings
 from pipelines.tables import sql

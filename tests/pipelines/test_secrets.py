@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pipelines import cli
-from pipelines.run.storage import StorageConfig, command_line_secrets, configure
+from pipelines.config.storage import StorageConfig, command_line_secrets, configure
 from tests import docmaker
 from transforms.hints.ocr import tesseract_env
 

@@ -45,7 +45,7 @@ def rows(output: Path, query: str) -> list[dict]:
 
 
 def test_options_choose_the_route_and_the_requests_in_flight() -> None:
-    from pipelines.run.options import PagemillOptions
+    from pipelines.config.options import PagemillOptions
     from pipelines.run.settings import model_route, run_settings
 
     def opts(*flags: str) -> PagemillOptions:

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from pipelines.run.options import PagemillOptions
+from pipelines.config.options import PagemillOptions
 from pipelines.run.settings import RunSettings, run_settings
 
 

@@ -17,8 +17,8 @@ import apache_beam as beam
 import pytest
 
 from pipelines import cli
+from pipelines.config.options import PagemillOptions
 from pipelines.run.graph import build_pipeline
-from pipelines.run.options import PagemillOptions
 from pipelines.run.settings import run_settings
 from tests import docmaker
 from tests.conftest import CORPUS

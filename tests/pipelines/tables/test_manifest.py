@@ -2,7 +2,7 @@
 flags given, never Beam's other defaults nor a credential."""
 from __future__ import annotations
 
-from pipelines.run.options import PagemillOptions, own_option_names
+from pipelines.config.options import PagemillOptions, own_option_names
 from pipelines.tables.manifest import manifest_options
 
 SECRET = "pagemill-test-secret-manifest"

@@ -17,7 +17,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from pipelines.run.options import PagemillOptions
+from pipelines.config.options import PagemillOptions
 from pipelines.run.settings import run_settings
 from transforms.intake.listing import list_matching, local_roots
 from transforms.intake.reading import UNREADABLE, ObjectReader, ReadConfig, ReadFailed, is_storage_failure

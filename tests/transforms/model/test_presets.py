@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from pipelines import cli
-from pipelines.run.options import PagemillOptions
+from pipelines.config.options import PagemillOptions
 from transforms.model.presets import PRESETS, get_preset, with_preset
 
 
@@ -75,7 +75,7 @@ def test_write_markdown_needs_markdown_output(capsys: pytest.CaptureFixture[str]
 
 
 def test_a_job_file_can_name_a_preset_and_override_it(tmp_path) -> None:
-    from pipelines.run.options import merge_flags
+    from pipelines.config.options import merge_flags
 
     job = tmp_path / "jobs" / "olmocr.yaml"
     job.parent.mkdir()

@@ -31,7 +31,7 @@ from transforms.safety import injection
 from transforms.safety.blocklist import PDQ_MIN_QUALITY, PDQ_SIDE, thumbnail_size, usable_pdq
 from transforms.safety.gate import SafetyConfig, load_checks, screen_page
 
-# The pipeline's defaults (pipelines/run/options.py).
+# The pipeline's defaults (pipelines/config/options.py).
 SETTINGS = RenderSettings(dpi=150.0, max_side=1288, jpeg_quality=90, max_text_chars=20_000,
                           max_page_points=14_400.0, max_image_pixels=89_478_485, max_bytes=50 * 2**20)
 
