@@ -31,7 +31,7 @@ from PIL import Image
 from tests.conftest import CORPUS
 from tests.transforms.extract.feeding import vllm_request
 from transforms.child_process import python_argv
-from transforms.engines import machine
+from transforms.engines import machine, machine_service
 from transforms.engines import machine_wire as wire
 from transforms.engines.base import Answer, Completion, EngineDead, Prepared, RequestRejected, Sampling
 from transforms.engines.local import EngineSettings
@@ -112,6 +112,53 @@ class StubRemoteEngine(RemoteEngine):
         return SimTokenizer()
 
 
+class _Running:
+    """What `_start_service` polls in place of the service's Popen: a thread that never exits on its own."""
+
+    def poll(self) -> None:
+        return None
+
+
+class ThreadRemoteEngine(StubRemoteEngine):
+    """The real worker side, with the service's connection handling (machine_service._serve_worker, the stub
+    engine behind it) in threads of this process instead of a service process: the same socket, handshake and
+    frames, and the service's code runs where the test runs (mutmut sees and mutates it there; a child process
+    runs the unmutated code)."""
+
+    def _spawn(self) -> _Running:  # type: ignore[override]
+        sock = self.directory / SOCKET
+        if sock.exists():
+            sock.unlink()
+        authkey = read_authkey(self.directory)
+        listener = Listener(str(sock), family="AF_UNIX")
+        engine = StubEngine(replace(self.settings, service_dir=None), self.directory)
+        lock, state = threading.Lock(), {"clients": 0, "idle_since": time.monotonic()}
+
+        def accept() -> None:
+            while True:
+                try:
+                    conn = listener.accept()
+                except OSError:
+                    return  # the test's folder is gone
+                with lock:
+                    state["clients"] += 1
+                threading.Thread(target=machine_service._serve_worker, args=(engine, conn, authkey, lock, state),
+                                 daemon=True).start()
+
+        threading.Thread(target=accept, daemon=True).start()
+        self._listener = listener
+        return _Running()
+
+    def close(self) -> None:
+        super().close()
+        listener = getattr(self, "_listener", None)
+        if listener is not None:  # the service stops with the engine that started it (the socket file goes too)
+            listener.close()
+
+
+SERVICES = {"process": StubRemoteEngine, "thread": ThreadRemoteEngine}
+
+
 def settings(folder: Path) -> EngineSettings:
     return EngineSettings(model="stub", model_revision=None, max_model_len=8192, max_num_seqs=4,
                           gpu_memory_utilization=0.9, tensor_parallel_size=1, limit_mm_per_prompt=1, kv_cache_gib=None,
@@ -145,7 +192,8 @@ def jpeg_page() -> bytes:
     return buf.getvalue()
 
 
-def test_pages_reach_the_engine_as_the_same_pixels_as_a_local_engine(folder: Path) -> None:
+@pytest.mark.parametrize("service", SERVICES)
+def test_pages_reach_the_engine_as_the_same_pixels_as_a_local_engine(folder: Path, service: str) -> None:
     """The request the feed builds (what a local engine gets) and what the stub engine got through the service:
     same size, mode and pixels, at full detail, capped for low detail, and shrunk to the token budget."""
     from schemas.records import PageImage
@@ -159,7 +207,7 @@ def test_pages_reach_the_engine_as_the_same_pixels_as_a_local_engine(folder: Pat
     roomy = templated.prepare(page_request(make_task(page, ENGINE, cfg)[1], cfg))
     tight = replace(cfg, max_model_len=roomy.text_tokens + cfg.max_tokens + 600)
     cases = [(page, cfg), (replace(page, detail_side=512), cfg), (page, tight)]
-    engine = StubRemoteEngine(settings(folder))
+    engine = SERVICES[service](settings(folder))
     sizes = []
     for p, c in cases:
         req = templated.prepare(page_request(make_task(p, ENGINE, c)[1], c))
@@ -179,9 +227,11 @@ def test_pages_reach_the_engine_as_the_same_pixels_as_a_local_engine(folder: Pat
     engine.close()
 
 
-def test_a_page_crosses_the_socket_as_its_encoded_bytes(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("service", SERVICES)
+def test_a_page_crosses_the_socket_as_its_encoded_bytes(folder: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        service: str) -> None:
     data = jpeg_page()
-    engine = StubRemoteEngine(settings(folder))
+    engine = SERVICES[service](settings(folder))
     answer(engine.submit(vllm_request("warm", Image.new("RGB", (8, 8))), SAMPLING))
     sent: list[int] = []
     conn = engine._connected()
@@ -197,22 +247,25 @@ def test_a_page_crosses_the_socket_as_its_encoded_bytes(folder: Path, monkeypatc
     engine.close()
 
 
-def test_answers_errors_restart_and_abort_cross_the_socket(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("service", SERVICES)
+def test_answers_errors_restart_and_abort_cross_the_socket(folder: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           service: str) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "worker-only")
     monkeypatch.setenv("PIPELINE_OPTIONS", '{"s3_secret_access_key": "worker-only"}')
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    engine = StubRemoteEngine(settings(folder))
+    engine = SERVICES[service](settings(folder))
     img = Image.new("RGB", (8, 8))
     with pytest.raises(RequestRejected, match="rejected by the stub"):
         engine.submit(vllm_request("reject", img), SAMPLING).result(timeout=60)
     with pytest.raises(EngineDead, match="stub died"):
         engine.submit(vllm_request("die", img), SAMPLING).result(timeout=60)
     done = engine.submit(vllm_request("ok", img), SAMPLING).result(timeout=60)
-    service = json.loads(done.output.text)
-    assert service["safe_path"]  # started with -P: the current folder is not on its sys.path
-    # The service's environment is minimal: the engine's variables, not the worker's credentials.
-    assert "VLLM_CPU_KVCACHE_SPACE" in service["env"] and "PYTHONPATH" in service["env"]
-    assert "AWS_SECRET_ACCESS_KEY" not in service["env"] and "PIPELINE_OPTIONS" not in service["env"]
+    if service == "process":  # what only a service process can show
+        seen = json.loads(done.output.text)
+        assert seen["safe_path"]  # started with -P: the current folder is not on its sys.path
+        # The service's environment is minimal: the engine's variables, not the worker's credentials.
+        assert "VLLM_CPU_KVCACHE_SPACE" in seen["env"] and "PYTHONPATH" in seen["env"]
+        assert "AWS_SECRET_ACCESS_KEY" not in seen["env"] and "PIPELINE_OPTIONS" not in seen["env"]
     assert (done.gpu_seconds, done.output.cached_prompt_tokens, done.output.token_counts) == (0.25, 2, (2, 1, 2))
     assert done.output.finish_reason == "stop"
     assert engine.starts == 1
@@ -242,14 +295,16 @@ def still_serves(folder: Path) -> None:
     engine.close()
 
 
-def test_a_wrong_authkey_is_refused_and_the_service_serves_on(folder: Path) -> None:
-    first = StubRemoteEngine(settings(folder))
+@pytest.mark.parametrize("service", SERVICES)
+def test_a_wrong_authkey_is_refused_and_the_service_serves_on(folder: Path, service: str) -> None:
+    first = SERVICES[service](settings(folder))
     answer(first.submit(vllm_request("x", Image.new("RGB", (4, 4))), SAMPLING))
     with pytest.raises(AuthenticationError):
         raw_client(folder, b"w" * 32)
     still_serves(folder)
     answer(first.submit(vllm_request("y", Image.new("RGB", (4, 4))), SAMPLING))
-    assert len((folder / "stub.pid").read_text().split()) == 1  # the same service all along
+    if service == "process":
+        assert len((folder / "stub.pid").read_text().split()) == 1  # the same service all along
     first.close()
 
 
@@ -263,8 +318,9 @@ class Planted:
         return (open, (str(self.marker), "w"))
 
 
-def test_malformed_frames_and_pickles_end_only_their_connection(folder: Path) -> None:
-    first = StubRemoteEngine(settings(folder))
+@pytest.mark.parametrize("service", SERVICES)
+def test_malformed_frames_and_pickles_end_only_their_connection(folder: Path, service: str) -> None:
+    first = SERVICES[service](settings(folder))
     answer(first.submit(vllm_request("x", Image.new("RGB", (4, 4))), SAMPLING))
     key = read_authkey(folder)
     marker = folder.parent / "unpickled-by-the-service"
@@ -287,7 +343,8 @@ def test_malformed_frames_and_pickles_end_only_their_connection(folder: Path) ->
     conn.close()
     still_serves(folder)
     answer(first.submit(vllm_request("y", Image.new("RGB", (4, 4))), SAMPLING))
-    assert len((folder / "stub.pid").read_text().split()) == 1  # the same service all along
+    if service == "process":
+        assert len((folder / "stub.pid").read_text().split()) == 1  # the same service all along
     assert not marker.exists()
     first.close()
 
