@@ -147,3 +147,60 @@ def test_prompt_over_max_model_len_never_reaches_the_engine() -> None:
     (r,) = extract_all(engine, tasks(1, cfg), cfg)
     assert (r.status, r.reason_code, r.attempts) == ("failed", "over_token_budget", 0)
     assert engine.submitted == 0
+
+
+class Stopping(SimulatedEngine):
+    """Counts shutdowns; `broken` ones raise (and aborts too)."""
+
+    def __init__(self, broken: bool = False, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.broken, self.shutdowns, self.abort_calls = broken, 0, 0
+
+    def shutdown(self) -> None:
+        self.shutdowns += 1
+        if self.broken:
+            raise RuntimeError("cannot stop (injected)")
+
+    def abort(self, future) -> None:
+        self.abort_calls += 1
+        if self.broken:
+            raise RuntimeError("cannot abort (injected)")
+        super().abort(future)
+
+
+def test_the_engine_stops_when_its_last_user_detaches() -> None:
+    engine = Stopping()
+    feed = PageFeed(engine, config(), 2)
+    feed.attach()
+    feed.attach()
+    feed.detach()
+    assert engine.shutdowns == 0  # another DoFn instance of the process still feeds it
+    feed.detach()
+    assert engine.shutdowns == 1
+    broken = PageFeed(Stopping(broken=True), config(), 2)
+    broken.attach()
+    broken.detach()  # a failing shutdown at the end of a run is logged, not raised
+    assert broken.engine.shutdowns == 1
+
+
+def test_an_answer_past_its_timeout_ends_the_page_and_frees_its_sequence() -> None:
+    for broken in (False, True):
+        engine = Stopping(broken=broken, slots=1, seconds=3600.0)  # it would answer in an hour
+        feed = PageFeed(engine, config(answer_timeout_s=0.2), 2)
+        key, task = make_task(page(1), ENGINE, config(answer_timeout_s=0.2))
+        result, _ = feed.claim(key)
+        feed.slots.acquire()
+        feed.start(task, result)
+        r = result.result(timeout=60)
+        assert (r.status, r.reason_code, r.stop_reason, r.attempts) == ("failed", "engine_timeout", "deadline", 1)
+        assert r.message == "attempt 1: no answer within --answer-timeout-s 0.2 s"
+        assert engine.abort_calls == 1 and engine.aborted == (0 if broken else 1)  # its sequence freed
+        assert engine.starts == 1  # the aborted request is not read as a dead engine: no restart
+        assert feed.slots.acquire(blocking=False) and feed.slots.acquire(blocking=False)  # its slot came back
+
+
+def test_an_answer_in_time_is_not_aborted() -> None:
+    engine = Stopping(seconds=0.01)
+    (r,) = extract_all(engine, tasks(1, config(answer_timeout_s=30.0)), config(answer_timeout_s=30.0))
+    assert (r.status, r.attempts, r.stop_reason) == ("ok", 1, "stop")
+    assert engine.abort_calls == 0
