@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from multiprocessing.connection import Connection, Listener, answer_challenge, deliver_challenge
 from pathlib import Path
@@ -44,37 +44,65 @@ class _CountingEngine(Engine):
             handle.write(f"{os.getpid()} {time.time():.3f}\n")
 
 
+@dataclass
+class Service:
+    """An open engine service: its listener, engine and key, and its workers' count (guarded by `lock`)."""
+
+    listener: Listener
+    engine: PageEngine
+    authkey: bytes
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    state: dict[str, Any] = field(default_factory=lambda: {"clients": 0, "idle_since": time.monotonic()})
+    stopped: threading.Event = field(default_factory=threading.Event)
+
+    def stop(self) -> None:
+        """Stop accepting (the service process never does: it exits when idle; tests run it in a thread)."""
+        self.stopped.set()
+        self.listener.close()
+
+
 def serve(directory: Path, make_engine: EngineMaker = _CountingEngine) -> None:
     """The engine service's main loop: accept workers until none is left. `make_engine` makes the engine
     (tests put a stub engine here, behind the real socket)."""
+    service = open_service(directory, make_engine)
+    threading.Thread(target=exit_when_idle, args=(service,), daemon=True).start()
+    accept_workers(service)
+
+
+def open_service(directory: Path, make_engine: EngineMaker) -> Service:
+    """Check the folder, read the run's engine settings and key, make the engine and listen on the socket."""
     check_folder(directory)
     settings = EngineSettings(**json.loads(read_private(directory / "settings.json", MAX_SETTINGS_BYTES)))
     authkey = read_authkey(directory)
     engine = make_engine(replace(settings, service_dir=None), directory)
     # No authkey here: the handshake runs in each connection's thread, so a peer that stalls in it
     # holds up only itself, and a failed one never stops the accept loop.
-    listener = Listener(str(directory / SOCKET), family="AF_UNIX")
-    state = {"clients": 0, "idle_since": time.monotonic()}
-    lock = threading.Lock()
+    return Service(Listener(str(directory / SOCKET), family="AF_UNIX"), engine, authkey)
 
-    def watchdog() -> None:
-        while True:
-            time.sleep(1.0)
-            with lock:
-                if state["clients"] == 0 and time.monotonic() - state["idle_since"] > IDLE_EXIT_S:
-                    log.info("engine service: no workers left, exiting")
-                    os._exit(0)
 
-    threading.Thread(target=watchdog, daemon=True).start()
+def exit_when_idle(service: Service) -> None:
+    """The process exits IDLE_EXIT_S after its last worker left."""
     while True:
+        time.sleep(1.0)
+        with service.lock:
+            if service.state["clients"] == 0 and time.monotonic() - service.state["idle_since"] > IDLE_EXIT_S:
+                log.info("engine service: no workers left, exiting")
+                os._exit(0)
+
+
+def accept_workers(service: Service) -> None:
+    """Each worker that connects is served in a thread of its own, until the service is stopped."""
+    while not service.stopped.is_set():
         try:
-            conn = listener.accept()
+            conn = service.listener.accept()
         except OSError as err:
+            if service.stopped.is_set():
+                return
             log.warning("engine service: accept failed: %s", err)
             continue
-        with lock:
-            state["clients"] += 1
-        worker = partial(_serve_worker, engine, conn, authkey, lock, state)
+        with service.lock:
+            service.state["clients"] += 1
+        worker = partial(_serve_worker, service.engine, conn, service.authkey, service.lock, service.state)
         threading.Thread(target=worker, daemon=True).start()
 
 

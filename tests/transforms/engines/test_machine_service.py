@@ -120,40 +120,24 @@ class _Running:
 
 
 class ThreadRemoteEngine(StubRemoteEngine):
-    """The real worker side, with the service's connection handling (machine_service._serve_worker, the stub
-    engine behind it) in threads of this process instead of a service process: the same socket, handshake and
-    frames, and the service's code runs where the test runs (mutmut sees and mutates it there; a child process
-    runs the unmutated code)."""
+    """The real worker side, with the service (machine_service.open_service and accept_workers, the stub engine
+    behind them) in threads of this process instead of a service process: the same folder checks, socket,
+    handshake and frames, and the service's code runs where the test runs (mutmut sees and mutates it there; a
+    child process runs the unmutated code). Only the idle exit is the process's alone."""
 
     def _spawn(self) -> _Running:  # type: ignore[override]
         sock = self.directory / SOCKET
         if sock.exists():
             sock.unlink()
-        authkey = read_authkey(self.directory)
-        listener = Listener(str(sock), family="AF_UNIX")
-        engine = StubEngine(replace(self.settings, service_dir=None), self.directory)
-        lock, state = threading.Lock(), {"clients": 0, "idle_since": time.monotonic()}
-
-        def accept() -> None:
-            while True:
-                try:
-                    conn = listener.accept()
-                except OSError:
-                    return  # the test's folder is gone
-                with lock:
-                    state["clients"] += 1
-                threading.Thread(target=machine_service._serve_worker, args=(engine, conn, authkey, lock, state),
-                                 daemon=True).start()
-
-        threading.Thread(target=accept, daemon=True).start()
-        self._listener = listener
+        self._service = machine_service.open_service(self.directory, StubEngine)
+        threading.Thread(target=machine_service.accept_workers, args=(self._service,), daemon=True).start()
         return _Running()
 
     def close(self) -> None:
         super().close()
-        listener = getattr(self, "_listener", None)
-        if listener is not None:  # the service stops with the engine that started it (the socket file goes too)
-            listener.close()
+        service = getattr(self, "_service", None)
+        if service is not None:  # the service stops with the engine that started it (the socket file goes too)
+            service.stop()
 
 
 SERVICES = {"process": StubRemoteEngine, "thread": ThreadRemoteEngine}
@@ -499,3 +483,23 @@ def test_a_service_that_exits_at_start_fails_the_request_with_its_error(folder: 
     with pytest.raises(RuntimeError, match=r"exited with code 3 .*ImportError: a broken install"):
         engine.submit(vllm_request("p", Image.new("RGB", (4, 4))), SAMPLING)
     assert engine.after_exit <= 1  # it stopped waiting once the service was gone (one try may race the exit)
+
+
+def test_the_service_counts_its_workers_for_its_idle_exit(folder: Path) -> None:
+    """What the idle exit reads: workers connected now, and since when none was (a worker's pages done or not)."""
+    first = ThreadRemoteEngine(settings(folder))
+    answer(first.submit(vllm_request("a", Image.new("RGB", (4, 4))), SAMPLING))
+    service = first._service
+    second = raw_client(folder, read_authkey(folder))  # a second worker, connected and idle
+    deadline = time.monotonic() + 60
+    while service.state["clients"] != 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert service.state["clients"] == 2
+    before = service.state["idle_since"]
+    second.close()
+    deadline = time.monotonic() + 60
+    while service.state["clients"] != 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert service.state["clients"] == 1 and service.state["idle_since"] > before
+    first.close()
+    assert service.stopped.is_set()
