@@ -12,12 +12,13 @@ from PIL import Image
 from schemas.extraction import load_schema
 from schemas.records import PageImage
 from tests.transforms.extract.feeding import extract_all
-from transforms.engines.base import EngineDead, RequestRejected
+from transforms.engines.base import EngineDead, RequestRejected, Sampling
 from transforms.engines.local import EngineSettings, engine_sequences
 from transforms.engines.simulated import PAGE_TEXT, SimulatedEngine
-from transforms.extract.feed import PageFeed
+from transforms.extract.feed import PageFeed, sampling, stop_reason
 from transforms.extract.stage import ExtractConfig, in_flight_limit, make_task
 from transforms.model import budget
+from transforms.model.markdown import MARKDOWN_FORMATS
 
 ENGINE = EngineSettings(model="m", model_revision="r", max_model_len=8192, max_num_seqs=4, gpu_memory_utilization=0.9,
                         tensor_parallel_size=1, limit_mm_per_prompt=1, kv_cache_gib=None, enforce_eager=True)
@@ -204,3 +205,36 @@ def test_an_answer_in_time_is_not_aborted() -> None:
     (r,) = extract_all(engine, tasks(1, config(answer_timeout_s=30.0)), config(answer_timeout_s=30.0))
     assert (r.status, r.attempts, r.stop_reason) == ("ok", 1, "stop")
     assert engine.abort_calls == 0
+
+
+class Recording(SimulatedEngine):
+    """Keeps the Sampling of every attempt it is sent."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.samplings: list[Sampling] = []
+
+    def submit(self, prepared, sampling):
+        self.samplings.append(sampling)
+        return super().submit(prepared, sampling)
+
+
+def test_each_attempt_gets_its_decoding_and_the_schema_as_its_constraint() -> None:
+    engine = Recording(seconds=0.0, text='{"language": "english", "lines": [], "tables": []}')  # always invalid
+    (r,) = extract_all(engine, tasks(1, config()), config())
+    schema = dict(load_schema("page_text").schema)
+    # Greedy first (temperature 0, top_p 1), then the one sampled retry (0.7, 0.95): prompt.decoding's schedule.
+    assert engine.samplings == [Sampling(0.0, 1.0, 256, json=schema), Sampling(0.7, 0.95, 256, json=schema)]
+    assert r.attempts == 2
+
+
+def test_markdown_attempts_are_constrained_by_the_front_matter_only() -> None:
+    olmocr, plain = MARKDOWN_FORMATS["olmocr"], MARKDOWN_FORMATS["markdown"]
+    assert sampling(olmocr.schema, 300, 1, olmocr) == Sampling(0.0, 1.0, 300, regex=olmocr.regex)
+    assert olmocr.regex is not None and olmocr.regex.startswith("---\nprimary_language: ")
+    assert sampling(plain.schema, 300, 2, plain) == Sampling(0.7, 0.95, 300)  # no front matter: unconstrained
+
+
+def test_an_engine_finish_reason_is_a_stop_reason_only_when_it_ends_an_answer() -> None:
+    assert [stop_reason(f) for f in ("stop", "length", "repetition", "abort", None, "STOP")] == \
+        ["stop", "length", "repetition", None, None, None]
