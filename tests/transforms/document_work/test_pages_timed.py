@@ -288,3 +288,52 @@ def test_the_time_reported_for_a_timeout_leaves_out_what_later_stages_spent(monk
     assert isinstance(rows[0], PageImage) and rows[1].reason_code == "timeout"
     reported = int(rows[1].message.split("stopped after ")[1].split(" s ")[0])
     assert 2 <= reported < 100  # the document's own 2 s (and a little), not the model's 100 s
+
+
+@pytest.mark.parametrize("with_stages", [False, True])
+def test_the_dofn_renders_in_its_worker_and_with_stages_gates_and_hints(tmp_path: Path, with_stages: bool) -> None:
+    """The Beam DoFn without Beam: it reads the document, its worker renders it (with `stages`, also the gate and
+    the hints: each page comes back hashed and with its text-layer hint), and teardown stops the worker."""
+    from transforms.document_work.timed import TimedRenderPagesDoFn
+    from transforms.document_work.work import PageStages
+    from transforms.hints.choose import HintSettings
+    from transforms.safety.gate import SafetyConfig
+
+    data = docmaker.multipage_pdf(2)
+    (tmp_path / "d.pdf").write_bytes(data)
+    doc = replace(_doc(data, 2), uri=str(tmp_path / "d.pdf"))
+    stages = PageStages(SafetyConfig(), HintSettings(mode="text_layer")) if with_stages else None
+    dofn = TimedRenderPagesDoFn(SETTINGS, RenderLimits(document_timeout_s=60), stages=stages)
+    dofn.setup()
+    try:
+        assert dofn.worker.proc is not None and dofn.worker.limits == RenderLimits(document_timeout_s=60)
+        pages = list(dofn.process(doc))
+    finally:
+        dofn.teardown()
+    assert dofn.worker.proc is None  # stopped
+    assert [(type(p).__name__, p.page_index) for p in pages] == [("PageImage", 0), ("PageImage", 1)]
+    if with_stages:
+        assert [p.hint_source for p in pages] == ["text_layer", "text_layer"]
+        assert pages[1].hint.startswith("Quarterly report, section 2")
+        assert all(p.pdq_hash is not None for p in pages)  # the gate hashed them in the worker
+    else:
+        assert [(p.hint_source, p.pdq_hash) for p in pages] == [("none", None), ("none", None)]
+
+
+def test_the_dofn_fails_what_its_worker_could_not_finish_in_time(tmp_path: Path) -> None:
+    from apache_beam.pvalue import TaggedOutput
+
+    from transforms.document_work.timed import TimedRenderPagesDoFn
+
+    data = docmaker.multipage_pdf(2)
+    (tmp_path / "d.pdf").write_bytes(data)
+    doc = replace(_doc(data, 2), uri=str(tmp_path / "d.pdf"))
+    dofn = TimedRenderPagesDoFn(SETTINGS, RenderLimits(document_timeout_s=0, page_timeout_s=2), first_page_then_hang)
+    dofn.setup()
+    try:
+        out = list(dofn.process(doc))
+    finally:
+        dofn.teardown()
+    assert isinstance(out[0], PageImage)
+    assert isinstance(out[1], TaggedOutput) and out[1].tag == "failed_pages"
+    assert (out[1].value.page_index, out[1].value.reason_code) == (1, "timeout")
