@@ -1,10 +1,9 @@
 """The engine service: one vLLM engine per process, fed continuously and never drained.
 
-Callers `submit` one request at a time and get a Future back. A background thread owns the engine:
-it admits queued requests (`LLMEngine.add_request`) and runs `step()` while any request is
-unfinished, so vLLM's continuous batching always has the work that is in flight and a new page
-joins the running batch at the next step instead of waiting for a batch to finish. The engine
-starts on first use and is re-created after it dies (`restart`).
+Callers `submit` one request at a time and get a Future back. A background thread owns the engine: it
+admits queued requests (`LLMEngine.add_request`) and runs `step()` while any request is unfinished, so
+vLLM's continuous batching always has the work in flight and a new page joins the running batch at the
+next step. The engine starts on first use and is re-created after it dies (`restart`).
 
 gpu_seconds: each `step()`'s wall time is shared equally by the requests in flight during that
 step, so a page's figure is its share of the engine's busy time, and the figures of a run add
@@ -149,6 +148,14 @@ def vllm_sampling(sampling: Sampling) -> Any:
         constraint = StructuredOutputsParams(regex=sampling.regex)
     return SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens,
                           structured_outputs=constraint)
+
+
+def refusal_types() -> tuple[type[Exception], ...]:
+    """vLLM's refusals of one request's input (over max_model_len, empty, an image over the encoder cache):
+    ValueError, and in vLLM 0.32 also its VLLMClientError family, which is not one."""
+    from vllm.exceptions import VLLMClientError
+
+    return (ValueError, VLLMClientError)
 
 
 class Engine:
@@ -319,6 +326,7 @@ class Engine:
     def _loop(self, stopped: threading.Event) -> None:
         in_flight: dict[str, StreamedAnswer] = {}  # request id -> its answer so far
         generation = self.starts
+        refusals = refusal_types()
         while not stopped.is_set():
             new = []
             try:
@@ -343,7 +351,7 @@ class Engine:
                         continue
                     try:
                         in_flight[self._admit(llm, request, params)] = StreamedAnswer(future, self.guarded)
-                    except ValueError as err:  # vLLM's refusal of this request's input: it fails alone
+                    except refusals as err:  # vLLM's refusal of this request's input: it fails alone
                         failed.append((future, RequestRejected(f"{type(err).__name__}: {err}")))
                     except Exception as err:  # noqa: BLE001 - anything else: the engine may be dead
                         failed.append((future, EngineDead(f"{type(err).__name__}: {err}")))

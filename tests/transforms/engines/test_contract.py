@@ -48,13 +48,23 @@ class RefusingCore(LoopingCore):
 
     def _preprocess_cmpl_one(self, request: dict) -> dict:
         if request["prompt"] == "refused":
-            raise ValueError("the prompt is longer than the maximum model length (injected)")
+            raise self.refusal("the prompt is longer than the maximum model length (injected)")
         return request
 
 
-def test_the_local_engine_turns_a_refusal_at_admission_into_request_rejected() -> None:
+def vllm_validation_error() -> type[Exception]:
+    from vllm.exceptions import VLLMValidationError  # vLLM 0.32's refusal of a too-long prompt: not a ValueError
+
+    assert not issubclass(VLLMValidationError, ValueError)
+    return VLLMValidationError
+
+
+@pytest.mark.parametrize("refusal", [lambda: ValueError, vllm_validation_error],
+                         ids=["ValueError", "VLLMValidationError"])
+def test_the_local_engine_turns_a_refusal_at_admission_into_request_rejected(refusal) -> None:
     engine = Engine(ENGINE)
     engine.llm = RefusingCore({2: [7] * 10})  # started: the loop drives the fake core
+    engine.llm.refusal = refusal()
     try:
         refused = engine.submit(Prepared({"prompt": "refused"}, 0, 0, 0), Sampling(0.0, 1.0, max_tokens=4))
         fine = engine.submit(Prepared({"prompt": "ok"}, 0, 0, 0), Sampling(0.0, 1.0, max_tokens=4))
