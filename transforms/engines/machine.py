@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from typing import Any
@@ -105,7 +105,9 @@ class RemoteEngine:
             raise EngineDead(f"its tokenizer: {type(err).__name__}: {err}") from err
         if self._templated is None or self._templated.tokenizer is not tokenizer:
             self._templated = Templated(tokenizer)
-        return self._templated.prepare(request)
+        prepared = self._templated.prepare(request)
+        # The service decodes the page itself: while in flight, the worker keeps its bytes, not its pixels.
+        return replace(prepared, request={k: v for k, v in prepared.request.items() if k != "multi_modal_data"})
 
     def submit(self, prepared: Prepared, sampling: Sampling) -> Future[Completion]:
         """Send the page's encoded bytes (its fitted PageSource); a request with only a PIL image is sent as

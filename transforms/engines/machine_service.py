@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from transforms.engines import machine_wire as wire
-from transforms.engines.base import Completion, PageEngine, Prepared, RequestRejected, Sampling
+from transforms.engines.base import Completion, EngineDead, PageEngine, Prepared, RequestRejected, Sampling
 from transforms.engines.local import Engine, EngineSettings
 from transforms.engines.machine_folder import MAX_SETTINGS_BYTES, check_folder, read_authkey, read_private
 from transforms.engines.templated import page_pixels
@@ -130,7 +130,8 @@ def _serve_worker(engine: PageEngine, conn: Connection, authkey: bytes, lock: th
                 pass  # the worker went away; its pages went with it
 
     def error(rid: int, kind: str, err: BaseException) -> None:
-        reply({"kind": "error", "rid": rid, "error": kind, "message": f"{type(err).__name__}: {err}"[:2000],
+        text = str(err) if isinstance(err, RequestRejected | EngineDead) else f"{type(err).__name__}: {err}"
+        reply({"kind": "error", "rid": rid, "error": kind, "message": text[:2000],
                "starts": engine.starts})
 
     def done(rid: int, future: Future[Completion]) -> None:

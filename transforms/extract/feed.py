@@ -249,7 +249,8 @@ class PageFeed:
                     req.resubmitted = True
                     return self._submit(req, result)
             req.attempts += 1
-            req.last = failed("engine_error", f"{type(err).__name__}: {err}")
+            req.last = failed("engine_error", str(err) if isinstance(err, RequestRejected) else
+                              f"{type(err).__name__}: {err}")  # the contract's classes carry the cause
         else:
             completion = done.result()
             req.attempts += 1

@@ -196,7 +196,10 @@ def test_pages_reach_the_engine_as_the_same_pixels_as_a_local_engine(folder: Pat
     for p, c in cases:
         req = templated.prepare(page_request(make_task(p, ENGINE, c)[1], c))
         local = req.request["multi_modal_data"]["image"]
-        got = answer(engine.submit(req, SAMPLING))
+        remote = engine.prepare(page_request(make_task(p, ENGINE, c)[1], c))
+        assert "multi_modal_data" not in remote.request  # in flight, the worker holds the page's bytes, not pixels
+        assert (remote.width, remote.height, remote.text_tokens) == (req.width, req.height, req.text_tokens)
+        got = answer(engine.submit(remote, SAMPLING))
         assert (tuple(got["size"]), got["mode"]) == (local.size, local.mode)
         assert got["sha256"] == hashlib.sha256(local.tobytes()).hexdigest()
         assert got["prompt"] == req.request["prompt"] and got["sampling"] == FIELDS
