@@ -506,3 +506,26 @@ def test_the_service_counts_its_workers_for_its_idle_exit(folder: Path) -> None:
     assert service.state["clients"] == 1 and service.state["idle_since"] > before
     first.close()
     assert service.stopped.is_set()
+
+
+def test_the_worker_side_says_how_many_sequences_it_runs(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(machine, "is_cpu_platform", lambda: False)
+    assert RemoteEngine(settings(folder)).sequences() == 4  # max_num_seqs, as the service's engine runs them
+    big = RemoteEngine(replace(settings(folder), max_num_seqs=64))
+    assert big.sequences() == 64
+    monkeypatch.setattr(machine, "is_cpu_platform", lambda: True)
+    assert big.sequences() == 16  # a CPU engine runs at most 16 at once
+
+
+def test_start_connects_or_fails_as_a_dead_engine_saying_why(folder: Path) -> None:
+    engine = ThreadRemoteEngine(settings(folder))
+    engine.start()
+    engine.start()  # already connected: nothing more
+    assert (folder / SOCKET).exists() and len(list(folder.parent.glob("svc"))) == 1
+    engine.close()
+    shared = folder.parent / "shared"
+    shared.mkdir(mode=0o755)
+    os.chmod(shared, 0o755)  # group and others may enter: refused before anything is written there
+    with pytest.raises(EngineDead, match=r"the engine service: FolderRefused: .* has mode 0755"):
+        ThreadRemoteEngine(settings(shared)).start()
+    assert sorted(p.name for p in shared.iterdir()) == []
