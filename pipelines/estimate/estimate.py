@@ -68,9 +68,9 @@ def load_throughput(model: str, override: float | None) -> Throughput:
 
 
 class PromptTokens:
-    """Text tokens of one page's prompt (system message, schema, hint) as `transforms.extract.stage.prepare` counts
-    them: exact with --model's own tokenizer and chat template when they are on this machine (offline),
-    else characters / 4 of the same text."""
+    """Text tokens of one page's prompt (system message, schema, hint) as the engines' prompt counts them
+    (`transforms.engines.templated.Templated.prepare`): exact with --model's own tokenizer and chat template when
+    they are on this machine (offline), else characters / 4 of the same text."""
 
     def __init__(self, model: str, revision: str | None, schema: ExtractionSchema,
                  markdown: MarkdownFormat | None = None, layout: str = SHARED_FIRST) -> None:

@@ -14,9 +14,10 @@ by `transforms.engines.make(settings)` from its settings' `kind`, and implements
   each engine turns it into its own form (vLLM SamplingParams, the served body's fields, JSON on the wire).
   A `Completion`'s `Answer` carries its text, finish reason and token counts (image, text, output, cached
   prompt tokens) as the engine counted them, so the feed needs no tokenizer.
-- `abort(future)`: give up on one request (--answer-timeout-s); its future then fails.
+- `abort(future)`: give up on one request (--answer-timeout-s), freeing its sequence; the feed has already
+  ended the page (a served engine has nothing to free: its late answer is not read).
 - `restart(seen)`: re-create a dead engine, unless it moved on from start number `seen` already (`starts`).
-- `shutdown()`: stop for good (the last user of a process's feed is gone).
+- `shutdown()`: stop and free the engine (the last user of a process's feed is gone); used again, it starts again.
 - `sequences()`: how many requests it runs at once (the feed keeps about twice that in flight).
 
 Failures are classes, raised by `prepare` or set on a submit's future:
@@ -24,7 +25,8 @@ Failures are classes, raised by `prepare` or set on a submit's future:
   `engine_error`; nothing restarts.
 - `RequestFailed`: the request failed for good with a documented reason code (after the engine's own retries,
   or `over_token_budget` from `prepare`): the page ends with that reason.
-- `EngineDead`: the engine died or cannot start: the feed restarts it once and resubmits the page.
+- `EngineDead`: the engine died: the feed restarts it once and resubmits the page. From `prepare` (the
+  engine cannot start, its tokenizer cannot load) the page fails `engine_error` saying why.
 The feed takes any other exception from an engine as `EngineDead` (the conservative reading).
 """
 from __future__ import annotations

@@ -181,7 +181,7 @@ def test_counts_follow_intake_dedup_and_page_limits(tmp_path_factory: pytest.Tem
 
 def test_over_budget_pages_shrink_or_fail(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "a.pdf").write_bytes(docmaker.invoice_pdf())
-    # Room for the prompt but only ~300 image tokens: the page is shrunk, as transforms.extract.feed.prepare does.
+    # Room for the prompt but only ~300 image tokens: the page is shrunk, as transforms.engines.templated does.
     text = estimate_json(capsys, "--input", str(tmp_path), "--per-page", "--max-model-len", "100000")["per_page"][0]
     r = estimate_json(capsys, "--input", str(tmp_path), "--per-page", "--max-tokens", "100",
                       "--max-model-len", str(text["text_tokens"] + 100 + 300))
