@@ -9,6 +9,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 # Built from parts so that this file does not match itself.
 ROOTS = ["wo" + "rk", "ho" + "me", "ro" + "ot", "Us" + "ers", "mn" + "t", "tm" + "p"]
@@ -159,36 +161,26 @@ def _graph_of(folder: str) -> dict[str, set[str]]:
     return import_graph({str(p.relative_to(REPO)): p.read_text(encoding="utf-8") for p in _modules(folder)})
 
 
-def test_transforms_has_no_import_circle() -> None:
-    graph = _graph_of("transforms")
-    assert len(graph) > 30 and any(graph.values())  # the folder and its imports were found
-    found = circles(graph)
-    assert not found, "import circles in transforms/:\n" + "\n".join(" -> ".join(c) for c in found)
-
-
-def test_transforms_rooms_import_only_their_own_or_lower_rooms() -> None:
-    found = upward_imports(_graph_of("transforms"), TRANSFORMS_ROOMS)
-    assert not found, ("upward imports in transforms/ (rooms low to high: " + " < ".join(TRANSFORMS_ROOMS) + "):\n"
-                       + "\n".join(found))
-
-
 # The rooms of pipelines/, low to high: the tiny test models stand alone; config/ is what every command shares
 # (options, job files, storage); the tables are read by the run and the estimate; the estimate builds on the
 # run's settings; cli.py dispatches to them all.
 PIPELINES_ROOMS = ("tiny_models", "config", "tables", "run", "estimate", "cli")
+TREES = {"transforms": (TRANSFORMS_ROOMS, 30), "pipelines": (PIPELINES_ROOMS, 20)}  # rooms, modules at least
 
 
-def test_pipelines_has_no_import_circle() -> None:
-    graph = _graph_of("pipelines")
-    assert len(graph) > 20 and any(graph.values())  # the folder and its imports were found
+@pytest.mark.parametrize("tree", TREES)
+def test_no_import_circle(tree: str) -> None:
+    graph = _graph_of(tree)
+    assert len(graph) > TREES[tree][1] and any(graph.values())  # the folder and its imports were found
     found = circles(graph)
-    assert not found, "import circles in pipelines/:\n" + "\n".join(" -> ".join(c) for c in found)
+    assert not found, f"import circles in {tree}/:\n" + "\n".join(" -> ".join(c) for c in found)
 
 
-def test_pipelines_rooms_import_only_their_own_or_lower_rooms() -> None:
-    found = upward_imports(_graph_of("pipelines"), PIPELINES_ROOMS)
-    assert not found, ("upward imports in pipelines/ (rooms low to high: " + " < ".join(PIPELINES_ROOMS) + "):\n"
-                       + "\n".join(found))
+@pytest.mark.parametrize("tree", TREES)
+def test_rooms_import_only_their_own_or_lower_rooms(tree: str) -> None:
+    rooms = TREES[tree][0]
+    found = upward_imports(_graph_of(tree), rooms)
+    assert not found, f"upward imports in {tree}/ (rooms low to high: " + " < ".join(rooms) + "):\n" + "\n".join(found)
 
 
 def test_engines_never_import_the_extraction_stage() -> None:
