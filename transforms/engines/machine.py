@@ -224,7 +224,6 @@ class RemoteEngine:
             return subprocess.Popen(self.service_argv(), stdout=out, stderr=out, stdin=subprocess.DEVNULL,
                                     env=service_env(os.environ, sys.path), start_new_session=True, close_fds=True)
 
-
     def _read(self, conn: Connection) -> None:
         while True:
             try:
