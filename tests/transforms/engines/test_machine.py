@@ -1,0 +1,212 @@
+"""The machine engine's worker side (transforms/engines/machine.py) where the protocol tests do not look: how the
+service process is started (its own session, its log, no stdin, its minimal environment, no inherited file
+descriptors, a dead service's socket cleared), `abort` of a page no longer in flight, and the worker's tokenizer;
+and the service's own loop (transforms/engines/machine_service.py): `serve`, its idle exit and its counting
+engine. The service's protocol: test_machine_service.py."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import types
+from concurrent.futures import Future
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from tests.transforms.engines.machine_stubs import (
+    SAMPLING,
+    StubEngine,
+    StubRemoteEngine,
+    ThreadRemoteEngine,
+    _Running,
+    answer,
+    settings,
+)
+from tests.transforms.extract.feeding import vllm_request
+from transforms.engines import local, machine, machine_service
+from transforms.engines.machine import SOCKET, RemoteEngine
+from transforms.engines.machine_folder import prepare_folder, service_env
+from transforms.engines.machine_service import Service
+from transforms.engines.simulated import SimTokenizer
+
+IMG = Image.new("RGB", (4, 4))
+
+
+class RecordingRemoteEngine(StubRemoteEngine):
+    """The real `_spawn` of the stub's service process, its Popen kept for the test to look at."""
+
+    proc: subprocess.Popen[bytes] | None = None
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        self.proc = super()._spawn()
+        return self.proc
+
+
+def fd_targets(pid: int) -> dict[int, str]:
+    fds = Path(f"/proc/{pid}/fd")
+    return {int(fd.name): os.readlink(fd) for fd in fds.iterdir()}
+
+
+def test_the_service_process_is_detached_logs_to_its_file_and_inherits_nothing(folder: Path) -> None:
+    """Its own session (a worker's process group being stopped does not stop the machine's engine), stdout and
+    stderr in service.log, stdin /dev/null, the minimal environment, and none of the worker's descriptors: not
+    even one the worker made inheritable."""
+    leak_r, leak_w = os.pipe()
+    os.set_inheritable(leak_r, True)
+    engine = RecordingRemoteEngine(settings(folder))
+    try:
+        assert answer(engine.submit(vllm_request("first", IMG), SAMPLING))["prompt"] == "first"
+        proc = engine.proc
+        assert proc is not None and proc.poll() is None
+        assert os.getsid(proc.pid) == proc.pid != os.getsid(0)
+        targets = fd_targets(proc.pid)
+        log = str((folder / "service.log").resolve())
+        assert (targets[0], targets[1], targets[2]) == (os.devnull, log, log)
+        assert os.readlink(f"/proc/self/fd/{leak_r}") not in targets.values()
+        environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+        got = dict(item.decode().split("=", 1) for item in environ if item)
+        assert got == service_env(os.environ, sys.path)
+    finally:
+        engine.close()
+        os.close(leak_r)
+        os.close(leak_w)
+
+
+def test_a_dead_services_socket_file_is_cleared_before_a_new_service_listens(folder: Path) -> None:
+    prepare_folder(folder)
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(folder / SOCKET))  # a service that died: its socket file stays, nobody listens
+    stale.close()
+    engine = StubRemoteEngine(settings(folder))
+    assert answer(engine.submit(vllm_request("after a death", IMG), SAMPLING))["prompt"] == "after a death"
+    engine.close()
+
+
+def test_abort_of_a_page_no_longer_in_flight_does_nothing(folder: Path) -> None:
+    engine = ThreadRemoteEngine(settings(folder))
+    answered = engine.submit(vllm_request("ok", IMG), SAMPLING)
+    answer(answered)
+    engine.abort(answered)  # already answered: nothing to free, its result stands
+    assert answered.exception() is None
+    engine.abort(Future())  # never submitted
+    held = engine.submit(vllm_request("hold", IMG), SAMPLING)
+    engine.abort(held)
+    with pytest.raises(RuntimeError, match="request aborted"):
+        held.result(timeout=60)
+    engine.abort(held)  # twice: the second finds nothing
+    still = engine.submit(vllm_request("hold", IMG), SAMPLING)
+    engine.close()
+    engine.abort(still)  # the connection is gone: nothing to send it on, and no error
+
+
+def fake_vllm_tokenizers(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str | None]]:
+    """vllm.tokenizers.get_tokenizer as the worker calls it, recorded (vLLM itself is not what is tested)."""
+    calls: list[tuple[str, str | None]] = []
+
+    def get_tokenizer(model: str, revision: str | None = None) -> SimTokenizer:
+        calls.append((model, revision))
+        return SimTokenizer()
+
+    module = types.ModuleType("vllm.tokenizers")
+    module.get_tokenizer = get_tokenizer  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm.tokenizers", module)
+    return calls
+
+
+@pytest.mark.parametrize("local_model", [True, False])
+def test_the_worker_loads_its_tokenizer_once_at_the_models_revision(folder: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    local_model: bool) -> None:
+    """A hub model at the run's pinned revision; a model folder as it is (a revision means nothing there)."""
+    calls = fake_vllm_tokenizers(monkeypatch)
+    model = str(tmp_path) if local_model else "org/not-a-local-folder"
+    engine = RemoteEngine(replace(settings(folder), model=model, model_revision="abc123"))
+    first = engine.tokenizer()
+    assert isinstance(first, SimTokenizer) and engine.tokenizer() is first
+    assert calls == [(model, None if local_model else "abc123")]
+
+
+def test_serve_listens_for_workers_and_starts_its_idle_exit_beside_them(folder: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[tuple[Service, bool]] = []
+    watching = threading.Event()
+
+    def idle_exit(service: Service) -> None:  # the real one ends the process
+        started.append((service, threading.current_thread().daemon))
+        watching.set()
+
+    monkeypatch.setattr(machine_service, "exit_when_idle", idle_exit)
+    monkeypatch.setattr(machine, "CONNECT_TIMEOUT_S", 30.0)
+
+    class ServedInThread(StubRemoteEngine):
+        def _spawn(self) -> _Running:  # type: ignore[override]
+            threading.Thread(target=machine_service.serve, args=(self.directory, StubEngine), daemon=True).start()
+            return _Running()
+
+    engine = ServedInThread(settings(folder))
+    assert answer(engine.submit(vllm_request("served", IMG), SAMPLING))["prompt"] == "served"
+    assert watching.wait(timeout=60)
+    (service, daemon), = started
+    assert daemon and isinstance(service.engine, StubEngine)
+    assert service.state["clients"] == 1  # the worker above, counted for the idle exit
+    engine.close()
+    service.stop()
+
+
+class Exited(Exception):
+    pass
+
+
+class Clock:
+    """time.sleep and time.monotonic for exit_when_idle, and os._exit: each sleep moves the clock on and may
+    change the service's state (a worker leaving at `leaves_at`)."""
+
+    def __init__(self, service: Service, leaves_at: float) -> None:
+        self.now, self.service, self.leaves_at = 1000.0, service, leaves_at
+        self.sleeps: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+        if self.now >= self.leaves_at and self.service.state["clients"]:
+            self.service.state.update(clients=0, idle_since=self.now)
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def exit(self, code: int) -> None:
+        raise Exited(code, self.now)
+
+
+def test_the_service_exits_once_idle_for_its_grace_period_never_while_a_worker_is_connected(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    service = Service(listener=None, engine=None, authkey=b"")  # type: ignore[arg-type]
+    service.state.update(clients=1, idle_since=0.0)  # long ago: a connected worker keeps it alive anyway
+    clock = Clock(service, leaves_at=1000.0 + 3 * machine_service.IDLE_EXIT_S)
+    monkeypatch.setattr(machine_service, "time", types.SimpleNamespace(sleep=clock.sleep, monotonic=clock.monotonic))
+    monkeypatch.setattr(machine_service, "os", types.SimpleNamespace(_exit=clock.exit))
+    with pytest.raises(Exited) as exited:
+        machine_service.exit_when_idle(service)
+    code, at = exited.value.args
+    idle_for = at - service.state["idle_since"]
+    assert code == 0 and service.state["clients"] == 0
+    # It exits on the first check past the grace period: checks are at most a second apart.
+    assert max(clock.sleeps) <= 1.0 and machine_service.IDLE_EXIT_S < idle_for <= machine_service.IDLE_EXIT_S + 1.0
+
+
+def test_the_services_engine_notes_each_start_in_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    launched: list[Any] = []
+    monkeypatch.setattr(local, "prepare_environment", lambda settings: None)  # vLLM's variables: not under test
+    monkeypatch.setattr(local.Engine, "launch", lambda self: launched.append(self))  # no vLLM
+    engine = machine_service._CountingEngine(settings(tmp_path), tmp_path)
+    engine.launch()
+    engine.launch()
+    assert launched == [engine, engine] and engine.directory == tmp_path
+    lines = (tmp_path / "starts").read_text().splitlines()
+    assert [line.split()[0] for line in lines] == [str(os.getpid())] * 2
