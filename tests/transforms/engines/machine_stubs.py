@@ -28,7 +28,7 @@ class StubEngine:
     for an abort (which it notes in DIR/aborted)."""
 
     def __init__(self, settings: EngineSettings, directory: Path) -> None:
-        self.directory, self.starts = directory, 0
+        self.settings, self.directory, self.starts = settings, directory, 0
         self.lock = threading.Lock()
 
     def submit(self, prepared: Prepared, sampling: Sampling) -> Future[Completion]:

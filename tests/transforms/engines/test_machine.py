@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import types
 from concurrent.futures import Future
 from dataclasses import replace
@@ -99,10 +100,15 @@ def test_abort_of_a_page_no_longer_in_flight_does_nothing(folder: Path) -> None:
     engine.abort(held)
     with pytest.raises(RuntimeError, match="request aborted"):
         held.result(timeout=60)
+    deadline = time.monotonic() + 60
+    while not (folder / "aborted").exists() and time.monotonic() < deadline:  # the service freed it
+        time.sleep(0.02)
+    (folder / "aborted").unlink()
     engine.abort(held)  # twice: the second finds nothing
     still = engine.submit(vllm_request("hold", IMG), SAMPLING)
     engine.close()
     engine.abort(still)  # the connection is gone: nothing to send it on, and no error
+    assert not (folder / "aborted").exists()  # nothing but the first abort reached the engine
 
 
 def fake_vllm_tokenizers(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str | None]]:
@@ -134,6 +140,8 @@ def test_the_worker_loads_its_tokenizer_once_at_the_models_revision(folder: Path
 
 def test_serve_listens_for_workers_and_starts_its_idle_exit_beside_them(folder: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The service's main loop, here in a thread of the test: the run's engine settings, read from the folder,
+    make a local engine (no service folder: not another service); the idle exit watches in a daemon thread."""
     started: list[tuple[Service, bool]] = []
     watching = threading.Event()
 
@@ -150,13 +158,44 @@ def test_serve_listens_for_workers_and_starts_its_idle_exit_beside_them(folder: 
             return _Running()
 
     engine = ServedInThread(settings(folder))
-    assert answer(engine.submit(vllm_request("served", IMG), SAMPLING))["prompt"] == "served"
-    assert watching.wait(timeout=60)
+    try:
+        assert answer(engine.submit(vllm_request("served", IMG), SAMPLING))["prompt"] == "served"
+        assert watching.wait(timeout=60)
+    finally:
+        engine.close()
+        for service, _ in started:
+            service.stop()
     (service, daemon), = started
     assert daemon and isinstance(service.engine, StubEngine)
-    assert service.state["clients"] == 1  # the worker above, counted for the idle exit
-    engine.close()
-    service.stop()
+    assert service.engine.settings == replace(settings(folder), service_dir=None)
+    assert service.engine.settings.kind == "local"
+
+
+class FailingListener:
+    """A listener whose accept fails (a worker gone mid-connect, too many open files), then is stopped."""
+
+    def __init__(self, service: Service, failures: int) -> None:
+        self.service, self.failures, self.calls = service, failures, 0
+
+    def accept(self) -> Any:
+        self.calls += 1
+        if self.calls > self.failures:
+            self.service.stopped.set()
+        raise OSError(24, "Too many open files")
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_failed_accept_is_logged_and_the_service_accepts_on(caplog: pytest.LogCaptureFixture) -> None:
+    service = Service(listener=None, engine=None, authkey=b"")  # type: ignore[arg-type]
+    service.listener = FailingListener(service, failures=2)  # type: ignore[assignment]
+    with caplog.at_level("WARNING", logger=machine_service.__name__):
+        machine_service.accept_workers(service)  # returns once stopped
+    assert service.listener.calls == 3  # type: ignore[attr-defined]
+    failed = "engine service: accept failed: [Errno 24] Too many open files"
+    assert [r.getMessage() for r in caplog.records] == [failed, failed]
+    assert service.state["clients"] == 0
 
 
 class Exited(Exception):
@@ -185,14 +224,15 @@ class Clock:
 
 
 def test_the_service_exits_once_idle_for_its_grace_period_never_while_a_worker_is_connected(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     service = Service(listener=None, engine=None, authkey=b"")  # type: ignore[arg-type]
     service.state.update(clients=1, idle_since=0.0)  # long ago: a connected worker keeps it alive anyway
     clock = Clock(service, leaves_at=1000.0 + 3 * machine_service.IDLE_EXIT_S)
     monkeypatch.setattr(machine_service, "time", types.SimpleNamespace(sleep=clock.sleep, monotonic=clock.monotonic))
     monkeypatch.setattr(machine_service, "os", types.SimpleNamespace(_exit=clock.exit))
-    with pytest.raises(Exited) as exited:
+    with pytest.raises(Exited) as exited, caplog.at_level("INFO", logger=machine_service.__name__):
         machine_service.exit_when_idle(service)
+    assert [r.getMessage() for r in caplog.records] == ["engine service: no workers left, exiting"]
     code, at = exited.value.args
     idle_for = at - service.state["idle_since"]
     assert code == 0 and service.state["clients"] == 0
@@ -204,9 +244,10 @@ def test_the_services_engine_notes_each_start_in_its_folder(tmp_path: Path, monk
     launched: list[Any] = []
     monkeypatch.setattr(local, "prepare_environment", lambda settings: None)  # vLLM's variables: not under test
     monkeypatch.setattr(local.Engine, "launch", lambda self: launched.append(self))  # no vLLM
-    engine = machine_service._CountingEngine(settings(tmp_path), tmp_path)
+    run = settings(tmp_path)
+    engine = machine_service._CountingEngine(run, tmp_path)
     engine.launch()
     engine.launch()
-    assert launched == [engine, engine] and engine.directory == tmp_path
+    assert launched == [engine, engine] and engine.directory == tmp_path and engine.settings == run
     lines = (tmp_path / "starts").read_text().splitlines()
     assert [line.split()[0] for line in lines] == [str(os.getpid())] * 2
