@@ -60,6 +60,8 @@ def test_the_service_process_is_detached_logs_to_its_file_and_inherits_nothing(f
     even one the worker made inheritable."""
     leak_r, leak_w = os.pipe()
     os.set_inheritable(leak_r, True)
+    saved_stdin, (stdin_r, stdin_w) = os.dup(0), os.pipe()
+    os.dup2(stdin_r, 0)  # the worker's stdin is a pipe here: the service's /dev/null is its own, not inherited
     engine = RecordingRemoteEngine(settings(folder))
     try:
         assert answer(engine.submit(vllm_request("first", IMG), SAMPLING))["prompt"] == "first"
@@ -74,9 +76,10 @@ def test_the_service_process_is_detached_logs_to_its_file_and_inherits_nothing(f
         got = dict(item.decode().split("=", 1) for item in environ if item)
         assert got == service_env(os.environ, sys.path)
     finally:
+        os.dup2(saved_stdin, 0)
         engine.close()
-        os.close(leak_r)
-        os.close(leak_w)
+        for fd in (leak_r, leak_w, saved_stdin, stdin_r, stdin_w):
+            os.close(fd)
 
 
 def test_a_dead_services_socket_file_is_cleared_before_a_new_service_listens(folder: Path) -> None:
