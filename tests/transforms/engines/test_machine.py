@@ -5,6 +5,7 @@ and the service's own loop (transforms/engines/machine_service.py): `serve`, its
 engine. The service's protocol: test_machine_service.py."""
 from __future__ import annotations
 
+import io
 import os
 import socket
 import subprocess
@@ -31,6 +32,7 @@ from tests.transforms.engines.machine_stubs import (
 )
 from tests.transforms.extract.feeding import vllm_request
 from transforms.engines import local, machine, machine_service
+from transforms.engines.base import EngineDead, PageRequest, PageSource, PromptParts, TokenBudget
 from transforms.engines.machine import SOCKET, RemoteEngine
 from transforms.engines.machine_folder import prepare_folder, service_env
 from transforms.engines.machine_service import Service
@@ -254,3 +256,45 @@ def test_the_services_engine_notes_each_start_in_its_folder(tmp_path: Path, monk
     assert launched == [engine, engine] and engine.directory == tmp_path and engine.settings == run
     lines = (tmp_path / "starts").read_text().splitlines()
     assert [line.split()[0] for line in lines] == [str(os.getpid())] * 2
+
+
+def test_a_tokenizer_that_cannot_load_fails_prepare_as_a_dead_engine_saying_why(folder: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    def get_tokenizer(model: str, revision: str | None = None) -> SimTokenizer:
+        raise OSError(f"{model} has no tokenizer files")
+
+    module = types.ModuleType("vllm.tokenizers")
+    module.get_tokenizer = get_tokenizer  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm.tokenizers", module)
+    engine = RemoteEngine(replace(settings(folder), model="org/broken"))
+    with pytest.raises(EngineDead) as dead:
+        engine.prepare(page_request_of(IMG))
+    assert str(dead.value) == "its tokenizer: OSError: org/broken has no tokenizer files"
+
+
+def page_request_of(img: Image.Image) -> PageRequest:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return PageRequest(PageSource(buf.getvalue(), 0, img.size), PromptParts({}, "none", "", "shared_first"),
+                       TokenBudget(8192, 64, "qwen2_vl"))
+
+
+def test_a_restart_asked_by_a_worker_that_saw_an_older_engine_restarts_nothing(folder: Path) -> None:
+    """Two workers see the engine fail; the first restarts it, the second's restart (asked with the start it saw,
+    or explicitly with an older one) finds it restarted already and only learns its start number."""
+    first = ThreadRemoteEngine(settings(folder))
+    answer(first.submit(vllm_request("a", IMG), SAMPLING))
+    second = StubRemoteEngine(settings(folder))  # the same service, in this process's threads
+    answer(second.submit(vllm_request("b", IMG), SAMPLING))
+    assert (first.starts, second.starts) == (1, 1)
+    first.restart()
+    assert first.starts == 2
+    second.restart()  # it saw start 1: the engine was restarted since
+    assert second.starts == 2
+    second.restart(1)
+    first.restart(1)
+    assert (first.starts, second.starts) == (2, 2)
+    second.restart(2)  # the engine it saw is the running one: restarted
+    assert second.starts == 3
+    second.close()
+    first.close()
