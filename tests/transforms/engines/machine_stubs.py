@@ -24,12 +24,14 @@ SAMPLING = Sampling.of_fields(FIELDS)
 
 class StubEngine:
     """The Engine interface inside the service: echoes what reached it (prompt, sampling fields, the image's
-    size, mode and pixel hash); "reject" and "die" fail as a rejected request and a dead engine; "hold" waits
-    for an abort (which it notes in DIR/aborted)."""
+    size, mode and pixel hash); "reject" and "die" fail as a rejected request and a dead engine, "long" as a
+    rejection with a 3,000-character message, "crash" raises from submit (an engine that cannot start); "hold"
+    waits for an abort (which it notes in DIR/aborted). A `restart_error` set on it fails its restarts."""
 
     def __init__(self, settings: EngineSettings, directory: Path) -> None:
         self.settings, self.directory, self.starts = settings, directory, 0
         self.lock = threading.Lock()
+        self.restart_error: Exception | None = None
 
     def submit(self, prepared: Prepared, sampling: Sampling) -> Future[Completion]:
         request = prepared.request
@@ -41,6 +43,11 @@ class StubEngine:
         future: Future[Completion] = Future()
         img = request["multi_modal_data"]["image"]
         if request["prompt"] == "hold":
+            return future
+        if request["prompt"] == "crash":
+            raise RuntimeError("stub crashed")
+        if request["prompt"] == "long":
+            future.set_exception(RequestRejected("x" * 3000))
             return future
         if request["prompt"] in ("reject", "die"):
             err = RequestRejected("rejected by the stub") if request["prompt"] == "reject" else EngineDead("stub died")
@@ -58,6 +65,8 @@ class StubEngine:
         future.set_exception(RuntimeError("aborted by the stub"))
 
     def restart(self, seen: int | None = None) -> None:
+        if self.restart_error is not None:
+            raise self.restart_error
         with self.lock:
             if seen is None or seen == self.starts:
                 self.starts += 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import time
 import types
 from concurrent.futures import Future
 from dataclasses import replace
+from multiprocessing.connection import Client
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +34,10 @@ from tests.transforms.engines.machine_stubs import (
 )
 from tests.transforms.extract.feeding import vllm_request
 from transforms.engines import local, machine, machine_service
-from transforms.engines.base import EngineDead, PageRequest, PageSource, PromptParts, TokenBudget
+from transforms.engines import machine_wire as wire
+from transforms.engines.base import Completion, EngineDead, PageRequest, PageSource, PromptParts, TokenBudget
 from transforms.engines.machine import SOCKET, RemoteEngine
-from transforms.engines.machine_folder import prepare_folder, service_env
+from transforms.engines.machine_folder import prepare_folder, read_authkey, service_env
 from transforms.engines.machine_service import Service
 from transforms.engines.simulated import SimTokenizer
 
@@ -103,7 +106,7 @@ def test_abort_of_a_page_no_longer_in_flight_does_nothing(folder: Path) -> None:
     engine.abort(Future())  # never submitted
     held = engine.submit(vllm_request("hold", IMG), SAMPLING)
     engine.abort(held)
-    with pytest.raises(RuntimeError, match="request aborted"):
+    with pytest.raises(RuntimeError, match=r"^request aborted$"):
         held.result(timeout=60)
     deadline = time.monotonic() + 60
     while not (folder / "aborted").exists() and time.monotonic() < deadline:  # the service freed it
@@ -298,3 +301,68 @@ def test_a_restart_asked_by_a_worker_that_saw_an_older_engine_restarts_nothing(f
     assert second.starts == 3
     second.close()
     first.close()
+
+
+def failure_of(future: Future[Completion]) -> BaseException | None:
+    return future.exception(timeout=60)
+
+
+def test_a_failed_request_reaches_the_worker_as_its_kind_and_message(folder: Path) -> None:
+    """Rejected and dead-engine failures keep their own message; any other error from the engine is a dead
+    engine named by its type; a message is cut to 2,000 characters on the socket."""
+    engine = ThreadRemoteEngine(settings(folder))
+    failures = [failure_of(engine.submit(vllm_request(p, IMG), SAMPLING)) for p in ("reject", "die", "crash", "long")]
+    assert [(type(e).__name__, str(e)) for e in failures] == [
+        ("RequestRejected", "rejected by the stub"), ("EngineDead", "stub died"),
+        ("EngineDead", "RuntimeError: stub crashed"), ("RequestRejected", "x" * 2000)]
+    engine.close()
+
+
+def test_a_restart_that_fails_is_logged_and_answered_with_the_unchanged_start(
+        folder: Path, caplog: pytest.LogCaptureFixture) -> None:
+    engine = ThreadRemoteEngine(settings(folder))
+    answer(engine.submit(vllm_request("a", IMG), SAMPLING))
+    engine._service.engine.restart_error = RuntimeError("no GPU memory left")
+    with caplog.at_level("ERROR", logger=machine_service.__name__):
+        engine.restart()  # answered: the worker does not wait for an hour
+    assert engine.starts == 1
+    assert [r.getMessage() for r in caplog.records] == ["engine could not restart: RuntimeError: no GPU memory left"]
+    engine.close()
+
+
+def test_a_peer_that_fails_the_handshake_is_never_served(folder: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """It answers the challenge wrongly, then sends a page anyway: the service closes the connection unread."""
+    engine = ThreadRemoteEngine(settings(folder))
+    engine.start()
+    peer = Client(str(folder / SOCKET), family="AF_UNIX")  # no key: the handshake is done by hand below
+    with caplog.at_level("WARNING", logger=machine_service.__name__):
+        assert peer.recv_bytes().startswith(b"#CHALLENGE#")
+        peer.send_bytes(b"not the digest")
+        assert peer.recv_bytes() == b"#FAILURE#"
+        frame = wire.encode(wire.submit_header(1, "smuggled", SAMPLING.fields(), 0, IMG.size), wire.encode_png(IMG))
+        with pytest.raises((EOFError, OSError)):
+            peer.send_bytes(frame)
+            peer.recv_bytes()
+    peer.close()
+    assert not (folder / "starts").exists()  # the engine never saw a request
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert re.fullmatch(r"engine service: a connection failed the authkey handshake: AuthenticationError: .*digest.*",
+                        message)
+    engine.close()
+
+
+def test_a_malformed_frame_is_logged_with_why_and_ends_its_connection(folder: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    engine = ThreadRemoteEngine(settings(folder))
+    engine.start()
+    peer = Client(str(folder / SOCKET), family="AF_UNIX", authkey=read_authkey(folder))
+    with caplog.at_level("WARNING", logger=machine_service.__name__):
+        peer.send_bytes(b"not a frame")
+        with pytest.raises((EOFError, OSError)):
+            peer.recv_bytes()
+    peer.close()
+    with pytest.raises(wire.FrameError) as why:
+        wire.decode(b"not a frame", wire.TO_SERVICE)
+    logged = [r.getMessage() for r in caplog.records]
+    assert logged == [f"engine service: malformed frame, connection closed: {why.value}"]
+    engine.close()
