@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import threading
@@ -164,8 +165,15 @@ class RemoteEngine:
         self.close()
 
     def close(self) -> None:
+        """Hang up: the reader thread wakes and fails what is still in flight, and the service counts this
+        worker gone now, not when its process exits (a plain close leaves a blocked reader blocked)."""
         conn, self._conn = self._conn, None
         if conn is not None:
+            try:
+                with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already gone
             conn.close()
 
     def _connected(self) -> Connection:

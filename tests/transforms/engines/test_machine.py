@@ -35,7 +35,16 @@ from tests.transforms.engines.machine_stubs import (
 from tests.transforms.extract.feeding import vllm_request
 from transforms.engines import local, machine, machine_service
 from transforms.engines import machine_wire as wire
-from transforms.engines.base import Completion, EngineDead, PageRequest, PageSource, PromptParts, TokenBudget
+from transforms.engines.base import (
+    Completion,
+    EngineDead,
+    PageRequest,
+    PageSource,
+    Prepared,
+    PromptParts,
+    RequestRejected,
+    TokenBudget,
+)
 from transforms.engines.machine import SOCKET, RemoteEngine
 from transforms.engines.machine_folder import prepare_folder, read_authkey, service_env
 from transforms.engines.machine_service import Service
@@ -114,9 +123,11 @@ def test_abort_of_a_page_no_longer_in_flight_does_nothing(folder: Path) -> None:
     (folder / "aborted").unlink()
     engine.abort(held)  # twice: the second finds nothing
     still = engine.submit(vllm_request("hold", IMG), SAMPLING)
-    engine.close()
-    engine.abort(still)  # the connection is gone: nothing to send it on, and no error
+    engine.close()  # hung up: what was in flight fails at once, as on a lost connection
+    assert isinstance(failure_of(still), EngineDead)
     assert not (folder / "aborted").exists()  # nothing but the first abort reached the engine
+    engine._futures[99] = still  # in flight as the connection went: nothing to send the abort on, and no error
+    engine.abort(still)
 
 
 def fake_vllm_tokenizers(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str | None]]:
@@ -365,4 +376,41 @@ def test_a_malformed_frame_is_logged_with_why_and_ends_its_connection(folder: Pa
         wire.decode(b"not a frame", wire.TO_SERVICE)
     logged = [r.getMessage() for r in caplog.records]
     assert logged == [f"engine service: malformed frame, connection closed: {why.value}"]
+    engine.close()
+
+
+def test_one_connection_serves_on_after_every_kind_of_failure_restart_and_abort(folder: Path) -> None:
+    """A worker's connection carries all its pages: a rejected, failed, undecodable or crashing request, a
+    restart and an abort each end only themselves, and the next page is answered on the same connection."""
+    engine = ThreadRemoteEngine(settings(folder))
+    conn = engine._connected()
+    for prompt in ("reject", "die", "crash"):
+        assert failure_of(engine.submit(vllm_request(prompt, IMG), SAMPLING)) is not None
+    garbage = Prepared({"prompt": "p", "page": PageSource(b"not an image", 0, (4, 4))}, 0, 4, 4)
+    undecodable = failure_of(engine.submit(garbage, SAMPLING))
+    assert isinstance(undecodable, RequestRejected)
+    assert str(undecodable).startswith("UnidentifiedImageError: cannot identify image file")
+    engine.restart()
+    held = engine.submit(vllm_request("hold", IMG), SAMPLING)
+    engine.abort(held)
+    assert answer(engine.submit(vllm_request("after", IMG), SAMPLING))["prompt"] == "after"
+    assert (folder / "aborted").exists()
+    assert engine._connected() is conn and engine._service.state["clients"] == 1
+    engine.close()
+
+
+def test_an_abort_for_a_request_already_answered_reaches_no_engine(folder: Path) -> None:
+    engine = ThreadRemoteEngine(settings(folder))
+    engine.start()
+    peer = Client(str(folder / SOCKET), family="AF_UNIX", authkey=read_authkey(folder))
+
+    def submit(rid: int) -> dict[str, Any]:
+        wire.send(peer, wire.submit_header(rid, "p", SAMPLING.fields(), 0, IMG.size), wire.encode_png(IMG))
+        return wire.recv(peer, wire.TO_WORKER)[0]
+
+    assert submit(7)["kind"] == "done"
+    wire.send(peer, {"kind": "abort", "rid": 7})  # a late abort: the answer crossed it
+    assert submit(8)["kind"] == "done"  # frames are served in order: the abort was read before this page
+    assert not (folder / "aborted").exists()
+    peer.close()
     engine.close()

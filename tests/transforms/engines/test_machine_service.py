@@ -390,6 +390,10 @@ def test_the_service_counts_its_workers_for_its_idle_exit(folder: Path) -> None:
     assert service.state["clients"] == 1 and service.state["idle_since"] > before
     first.close()
     assert service.stopped.is_set()
+    deadline = time.monotonic() + 60
+    while service.state["clients"] != 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert service.state["clients"] == 0  # the last worker gone: what starts the idle exit's grace period
 
 
 def test_the_worker_side_says_how_many_sequences_it_runs(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
