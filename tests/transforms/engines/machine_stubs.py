@@ -134,3 +134,7 @@ def settings(folder: Path) -> EngineSettings:
 
 def answer(future: Future[Completion]) -> dict[str, Any]:
     return json.loads(future.result(timeout=60).output.text)
+
+
+def failure_of(future: Future[Completion]) -> BaseException | None:
+    return future.exception(timeout=60)

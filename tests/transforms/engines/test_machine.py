@@ -1,13 +1,12 @@
 """The machine engine's worker side (transforms/engines/machine.py) where the protocol tests do not look: how the
 service process is started (its own session, its log, no stdin, its minimal environment, no inherited file
-descriptors, a dead service's socket cleared), `abort` of a page no longer in flight, and the worker's tokenizer;
-and the service's own loop (transforms/engines/machine_service.py): `serve`, its idle exit and its counting
-engine. The service's protocol: test_machine_service.py."""
+descriptors, a dead service's socket cleared, one that never listens), `abort` of a page no longer in flight, a
+restart asked with an old start, a lost connection, a page over the frame limits or that cannot be sent, and the
+worker's tokenizer. The service's loop: test_machine_service_loop.py; the protocol: test_machine_service.py."""
 from __future__ import annotations
 
 import io
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -16,38 +15,32 @@ import time
 import types
 from concurrent.futures import Future
 from dataclasses import replace
-from multiprocessing.connection import Client
 from pathlib import Path
-from typing import Any
 
 import pytest
 from PIL import Image
 
 from tests.transforms.engines.machine_stubs import (
     SAMPLING,
-    StubEngine,
     StubRemoteEngine,
     ThreadRemoteEngine,
-    _Running,
     answer,
+    failure_of,
     settings,
 )
 from tests.transforms.extract.feeding import vllm_request
-from transforms.engines import local, machine, machine_service
+from transforms.engines import machine
 from transforms.engines import machine_wire as wire
 from transforms.engines.base import (
-    Completion,
     EngineDead,
     PageRequest,
     PageSource,
-    Prepared,
     PromptParts,
     RequestRejected,
     TokenBudget,
 )
 from transforms.engines.machine import SOCKET, RemoteEngine
-from transforms.engines.machine_folder import prepare_folder, read_authkey, service_env
-from transforms.engines.machine_service import Service
+from transforms.engines.machine_folder import prepare_folder, service_env
 from transforms.engines.simulated import SimTokenizer
 
 IMG = Image.new("RGB", (4, 4))
@@ -157,121 +150,6 @@ def test_the_worker_loads_its_tokenizer_once_at_the_models_revision(folder: Path
     assert calls == [(model, None if local_model else "abc123")]
 
 
-def test_serve_listens_for_workers_and_starts_its_idle_exit_beside_them(folder: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The service's main loop, here in a thread of the test: the run's engine settings, read from the folder,
-    make a local engine (no service folder: not another service); the idle exit watches in a daemon thread."""
-    started: list[tuple[Service, bool]] = []
-    watching = threading.Event()
-
-    def idle_exit(service: Service) -> None:  # the real one ends the process
-        started.append((service, threading.current_thread().daemon))
-        watching.set()
-
-    monkeypatch.setattr(machine_service, "exit_when_idle", idle_exit)
-    monkeypatch.setattr(machine, "CONNECT_TIMEOUT_S", 30.0)
-
-    class ServedInThread(StubRemoteEngine):
-        def _spawn(self) -> _Running:  # type: ignore[override]
-            threading.Thread(target=machine_service.serve, args=(self.directory, StubEngine), daemon=True).start()
-            return _Running()
-
-    engine = ServedInThread(settings(folder))
-    try:
-        assert answer(engine.submit(vllm_request("served", IMG), SAMPLING))["prompt"] == "served"
-        assert watching.wait(timeout=60)
-    finally:
-        engine.close()
-        for service, _ in started:
-            service.stop()
-    (service, daemon), = started
-    assert daemon and isinstance(service.engine, StubEngine)
-    assert service.engine.settings == replace(settings(folder), service_dir=None)
-    assert service.engine.settings.kind == "local"
-
-
-class FailingListener:
-    """A listener whose accept fails (a worker gone mid-connect, too many open files), then is stopped."""
-
-    def __init__(self, service: Service, failures: int) -> None:
-        self.service, self.failures, self.calls = service, failures, 0
-
-    def accept(self) -> Any:
-        self.calls += 1
-        if self.calls > self.failures:
-            self.service.stopped.set()
-        raise OSError(24, "Too many open files")
-
-    def close(self) -> None:
-        pass
-
-
-def test_a_failed_accept_is_logged_and_the_service_accepts_on(caplog: pytest.LogCaptureFixture) -> None:
-    service = Service(listener=None, engine=None, authkey=b"")  # type: ignore[arg-type]
-    service.listener = FailingListener(service, failures=2)  # type: ignore[assignment]
-    with caplog.at_level("WARNING", logger=machine_service.__name__):
-        machine_service.accept_workers(service)  # returns once stopped
-    assert service.listener.calls == 3  # type: ignore[attr-defined]
-    failed = "engine service: accept failed: [Errno 24] Too many open files"
-    assert [r.getMessage() for r in caplog.records] == [failed, failed]
-    assert service.state["clients"] == 0
-
-
-class Exited(Exception):
-    pass
-
-
-class Clock:
-    """time.sleep and time.monotonic for exit_when_idle, and os._exit: each sleep moves the clock on and may
-    change the service's state (a worker leaving at `leaves_at`)."""
-
-    def __init__(self, service: Service, leaves_at: float) -> None:
-        self.now, self.service, self.leaves_at = 1000.0, service, leaves_at
-        self.sleeps: list[float] = []
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-        if self.now >= self.leaves_at and self.service.state["clients"]:
-            self.service.state.update(clients=0, idle_since=self.now)
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def exit(self, code: int) -> None:
-        raise Exited(code, self.now)
-
-
-def test_the_service_exits_once_idle_for_its_grace_period_never_while_a_worker_is_connected(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    service = Service(listener=None, engine=None, authkey=b"")  # type: ignore[arg-type]
-    service.state.update(clients=1, idle_since=0.0)  # long ago: a connected worker keeps it alive anyway
-    clock = Clock(service, leaves_at=1000.0 + 3 * machine_service.IDLE_EXIT_S)
-    monkeypatch.setattr(machine_service, "time", types.SimpleNamespace(sleep=clock.sleep, monotonic=clock.monotonic))
-    monkeypatch.setattr(machine_service, "os", types.SimpleNamespace(_exit=clock.exit))
-    with pytest.raises(Exited) as exited, caplog.at_level("INFO", logger=machine_service.__name__):
-        machine_service.exit_when_idle(service)
-    assert [r.getMessage() for r in caplog.records] == ["engine service: no workers left, exiting"]
-    code, at = exited.value.args
-    idle_for = at - service.state["idle_since"]
-    assert code == 0 and service.state["clients"] == 0
-    # It exits on the first check past the grace period: checks are at most a second apart.
-    assert max(clock.sleeps) <= 1.0 and machine_service.IDLE_EXIT_S < idle_for <= machine_service.IDLE_EXIT_S + 1.0
-
-
-def test_the_services_engine_notes_each_start_in_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    launched: list[Any] = []
-    monkeypatch.setattr(local, "prepare_environment", lambda settings: None)  # vLLM's variables: not under test
-    monkeypatch.setattr(local.Engine, "launch", lambda self: launched.append(self))  # no vLLM
-    run = settings(tmp_path)
-    engine = machine_service._CountingEngine(run, tmp_path)
-    engine.launch()
-    engine.launch()
-    assert launched == [engine, engine] and engine.directory == tmp_path and engine.settings == run
-    lines = (tmp_path / "starts").read_text().splitlines()
-    assert [line.split()[0] for line in lines] == [str(os.getpid())] * 2
-
-
 def test_a_tokenizer_that_cannot_load_fails_prepare_as_a_dead_engine_saying_why(folder: Path,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     def get_tokenizer(model: str, revision: str | None = None) -> SimTokenizer:
@@ -314,103 +192,75 @@ def test_a_restart_asked_by_a_worker_that_saw_an_older_engine_restarts_nothing(f
     first.close()
 
 
-def failure_of(future: Future[Completion]) -> BaseException | None:
-    return future.exception(timeout=60)
+def test_a_remote_engine_needs_its_service_folder(folder: Path) -> None:
+    with pytest.raises(ValueError, match=r"^RemoteEngine needs EngineSettings.service_dir$"):
+        RemoteEngine(replace(settings(folder), service_dir=None))
 
 
-def test_a_failed_request_reaches_the_worker_as_its_kind_and_message(folder: Path) -> None:
-    """Rejected and dead-engine failures keep their own message; any other error from the engine is a dead
-    engine named by its type; a message is cut to 2,000 characters on the socket."""
-    engine = ThreadRemoteEngine(settings(folder))
-    failures = [failure_of(engine.submit(vllm_request(p, IMG), SAMPLING)) for p in ("reject", "die", "crash", "long")]
-    assert [(type(e).__name__, str(e)) for e in failures] == [
-        ("RequestRejected", "rejected by the stub"), ("EngineDead", "stub died"),
-        ("EngineDead", "RuntimeError: stub crashed"), ("RequestRejected", "x" * 2000)]
-    engine.close()
-
-
-def test_a_restart_that_fails_is_logged_and_answered_with_the_unchanged_start(
-        folder: Path, caplog: pytest.LogCaptureFixture) -> None:
-    engine = ThreadRemoteEngine(settings(folder))
-    answer(engine.submit(vllm_request("a", IMG), SAMPLING))
-    engine._service.engine.restart_error = RuntimeError("no GPU memory left")
-    with caplog.at_level("ERROR", logger=machine_service.__name__):
-        engine.restart()  # answered: the worker does not wait for an hour
-    assert engine.starts == 1
-    assert [r.getMessage() for r in caplog.records] == ["engine could not restart: RuntimeError: no GPU memory left"]
-    engine.close()
-
-
-def test_a_peer_that_fails_the_handshake_is_never_served(folder: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """It answers the challenge wrongly, then sends a page anyway: the service closes the connection unread."""
+def test_the_workers_reader_never_keeps_its_process_alive(folder: Path) -> None:
+    """The thread that reads the service's answers is a daemon (a worker process that never closed its engine
+    still exits), and is named for what it is."""
     engine = ThreadRemoteEngine(settings(folder))
     engine.start()
-    peer = Client(str(folder / SOCKET), family="AF_UNIX")  # no key: the handshake is done by hand below
-    with caplog.at_level("WARNING", logger=machine_service.__name__):
-        assert peer.recv_bytes().startswith(b"#CHALLENGE#")
-        peer.send_bytes(b"not the digest")
-        assert peer.recv_bytes() == b"#FAILURE#"
-        frame = wire.encode(wire.submit_header(1, "smuggled", SAMPLING.fields(), 0, IMG.size), wire.encode_png(IMG))
-        with pytest.raises((EOFError, OSError)):
-            peer.send_bytes(frame)
-            peer.recv_bytes()
-    peer.close()
-    assert not (folder / "starts").exists()  # the engine never saw a request
-    (message,) = [r.getMessage() for r in caplog.records]
-    assert re.fullmatch(r"engine service: a connection failed the authkey handshake: AuthenticationError: .*digest.*",
-                        message)
+    readers = [t for t in threading.enumerate() if t.name == "pagemill-engine-client"]
+    assert readers and all(t.daemon for t in readers)
     engine.close()
 
 
-def test_a_malformed_frame_is_logged_with_why_and_ends_its_connection(folder: Path,
-                                                                      caplog: pytest.LogCaptureFixture) -> None:
+def test_a_lost_connection_fails_what_was_in_flight_and_the_next_page_reconnects(folder: Path) -> None:
     engine = ThreadRemoteEngine(settings(folder))
-    engine.start()
-    peer = Client(str(folder / SOCKET), family="AF_UNIX", authkey=read_authkey(folder))
-    with caplog.at_level("WARNING", logger=machine_service.__name__):
-        peer.send_bytes(b"not a frame")
-        with pytest.raises((EOFError, OSError)):
-            peer.recv_bytes()
-    peer.close()
+    held = engine.submit(vllm_request("hold", IMG), SAMPLING)
+    lost = engine._connected()
+    with socket.socket(fileno=os.dup(lost.fileno())) as sock:
+        sock.shutdown(socket.SHUT_RD)  # the worker's reader sees the connection end
+    with pytest.raises(EngineDead, match=r"^engine service connection lost$"):
+        held.result(timeout=60)
+    assert answer(engine.submit(vllm_request("again", IMG), SAMPLING))["prompt"] == "again"
+    assert engine._connected() is not lost
+    engine.close()
+
+
+def test_a_page_over_the_frame_limits_is_refused_before_it_is_sent(folder: Path) -> None:
+    engine = ThreadRemoteEngine(settings(folder))
+    prompt = "p" * (wire.MAX_HEADER + 1)
     with pytest.raises(wire.FrameError) as why:
-        wire.decode(b"not a frame", wire.TO_SERVICE)
-    logged = [r.getMessage() for r in caplog.records]
-    assert logged == [f"engine service: malformed frame, connection closed: {why.value}"]
+        wire.encode(wire.submit_header(1, prompt, SAMPLING.fields(), 0, IMG.size), wire.encode_png(IMG))
+    with pytest.raises(RequestRejected) as refused:
+        engine.submit(vllm_request(prompt, IMG), SAMPLING)
+    assert str(refused.value) == str(why.value)
+    assert not (folder / SOCKET).exists()  # refused before connecting: nothing crossed
     engine.close()
 
 
-def test_one_connection_serves_on_after_every_kind_of_failure_restart_and_abort(folder: Path) -> None:
-    """A worker's connection carries all its pages: a rejected, failed, undecodable or crashing request, a
-    restart and an abort each end only themselves, and the next page is answered on the same connection."""
+def test_a_page_that_cannot_be_sent_is_not_left_in_flight(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = ThreadRemoteEngine(settings(folder))
     conn = engine._connected()
-    for prompt in ("reject", "die", "crash"):
-        assert failure_of(engine.submit(vllm_request(prompt, IMG), SAMPLING)) is not None
-    garbage = Prepared({"prompt": "p", "page": PageSource(b"not an image", 0, (4, 4))}, 0, 4, 4)
-    undecodable = failure_of(engine.submit(garbage, SAMPLING))
-    assert isinstance(undecodable, RequestRejected)
-    assert str(undecodable).startswith("UnidentifiedImageError: cannot identify image file")
-    engine.restart()
-    held = engine.submit(vllm_request("hold", IMG), SAMPLING)
-    engine.abort(held)
-    assert answer(engine.submit(vllm_request("after", IMG), SAMPLING))["prompt"] == "after"
-    assert (folder / "aborted").exists()
-    assert engine._connected() is conn and engine._service.state["clients"] == 1
+
+    def broken(buf: bytes) -> None:
+        raise BrokenPipeError("the service is gone")
+
+    monkeypatch.setattr(conn, "send_bytes", broken)
+    with pytest.raises(BrokenPipeError):
+        engine.submit(vllm_request("p", IMG), SAMPLING)
+    assert engine._futures == {}
     engine.close()
 
 
-def test_an_abort_for_a_request_already_answered_reaches_no_engine(folder: Path) -> None:
-    engine = ThreadRemoteEngine(settings(folder))
-    engine.start()
-    peer = Client(str(folder / SOCKET), family="AF_UNIX", authkey=read_authkey(folder))
+class SilentRemoteEngine(RecordingRemoteEngine):
+    """A service that starts and never listens."""
 
-    def submit(rid: int) -> dict[str, Any]:
-        wire.send(peer, wire.submit_header(rid, "p", SAMPLING.fields(), 0, IMG.size), wire.encode_png(IMG))
-        return wire.recv(peer, wire.TO_WORKER)[0]
+    def service_argv(self) -> list[str]:
+        return [sys.executable, "-c", "import time; time.sleep(120)"]
 
-    assert submit(7)["kind"] == "done"
-    wire.send(peer, {"kind": "abort", "rid": 7})  # a late abort: the answer crossed it
-    assert submit(8)["kind"] == "done"  # frames are served in order: the abort was read before this page
-    assert not (folder / "aborted").exists()
-    peer.close()
-    engine.close()
+
+def test_a_service_that_never_listens_fails_saying_so(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(machine, "CONNECT_TIMEOUT_S", 1.0)
+    engine = SilentRemoteEngine(settings(folder))
+    try:
+        with pytest.raises(EngineDead, match=r"^the engine service: RuntimeError: engine service did not listen in 1 s"
+                                             r" \("):
+            engine.start()
+    finally:
+        if engine.proc is not None:
+            engine.proc.kill()
+            engine.proc.wait()

@@ -19,6 +19,7 @@ import time
 from dataclasses import replace
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -221,7 +222,8 @@ def test_malformed_frames_and_pickles_end_only_their_connection(folder: Path, se
 
 
 @pytest.mark.parametrize("reply", ["a pickle", "half a frame, then gone"])
-def test_a_worker_does_not_unpickle_what_the_service_sends(folder: Path, reply: str) -> None:
+def test_a_worker_does_not_unpickle_what_the_service_sends(folder: Path, reply: str,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
     """A service (a fake one, holding the folder's real key) that answers with a pickle, or dies mid-frame: the
     worker loads nothing; the page in flight fails as a lost connection (the feed resubmits it)."""
     engine = StubRemoteEngine(settings(folder))
@@ -244,12 +246,18 @@ def test_a_worker_does_not_unpickle_what_the_service_sends(folder: Path, reply: 
 
     thread = threading.Thread(target=fake_service, daemon=True)
     thread.start()
-    future = engine.submit(vllm_request("x", Image.new("RGB", (4, 4))), SAMPLING)
-    with pytest.raises(EngineDead, match="connection lost"):
-        future.result(timeout=30)
+    with caplog.at_level("ERROR", logger=machine.__name__):
+        future = engine.submit(vllm_request("x", Image.new("RGB", (4, 4))), SAMPLING)
+        with pytest.raises(EngineDead, match=r"^engine service connection lost$"):
+            future.result(timeout=30)
     thread.join(timeout=10)
     listener.close()
     assert not marker.exists()
+    if reply == "a pickle":  # refused, and said why (half a frame is only a lost connection)
+        with pytest.raises(wire.FrameError) as why:
+            wire.decode(ForkingPickler.dumps(Planted(marker)).tobytes(), wire.TO_WORKER)
+        logged = [r.getMessage() for r in caplog.records]
+        assert logged == [f"engine service sent a malformed frame; connection closed: {why.value}"]
 
 
 def race_worker(directory: str, go: str) -> None:
