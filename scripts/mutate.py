@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         children = ["--max-children", str(args.max_children)] if args.max_children > 0 else []
         # mutmut runs the tests from mutants/, one folder deeper: point them at the corpus beside the repository.
         env = {"PAGEMILL_CORPUS": str(REPO.parent / "shared" / "corpus"), **os.environ}
+        # A mutant that breaks the engine service makes its tests wait on answers, not use CPU, so mutmut's
+        # CPU-time limit is slow to stop them: a hung test fails (the mutant is killed) after 60 s.
+        env["PYTEST_ADDOPTS"] = f"{env.get('PYTEST_ADDOPTS', '')} --timeout=60".strip()
         run = subprocess.run([sys.executable, "-m", "mutmut", "run", *children, *args.mutants], cwd=REPO, env=env,
                              check=False)
         if run.returncode != 0:
