@@ -59,6 +59,7 @@ def test_a_range_gets_its_share_of_the_time_limit_and_fails_only_its_pages(monke
     data = docmaker.multipage_pdf(8)
     unit = replace(_doc(8, data=data), first_page=4, end_page=8)
     assert range_limit_s(unit, 4.0) == 2.0 and range_limit_s(_doc(8), 4.0) == 4.0
+    assert range_limit_s(_doc(1), 4.0) == 4.0  # a one-page document is its own whole range
     deadlines: list[float] = []  # the document deadline of every wait for the child's next page
 
     def spy(now: float, doc_deadline: float, page_deadline: float) -> float | None:
