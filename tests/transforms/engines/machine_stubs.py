@@ -7,7 +7,10 @@ import json
 import os
 import sys
 import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import Future
+from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from typing import Any
 
@@ -138,3 +141,16 @@ def answer(future: Future[Completion]) -> dict[str, Any]:
 
 def failure_of(future: Future[Completion]) -> BaseException | None:
     return future.exception(timeout=60)
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 60.0) -> bool:
+    """Poll `condition` until it holds or `timeout_s` passes (what another thread does, seen from the test)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
+def raw_client(folder: Path, authkey: bytes | None) -> Connection:
+    """A peer on the service's socket, below RemoteEngine (authkey None: no handshake on this side)."""
+    return Client(str(folder / SOCKET), family="AF_UNIX", authkey=authkey)

@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import types
 from concurrent.futures import Future
 from dataclasses import replace
@@ -27,6 +26,7 @@ from tests.transforms.engines.machine_stubs import (
     answer,
     failure_of,
     settings,
+    wait_until,
 )
 from tests.transforms.extract.feeding import vllm_request
 from transforms.engines import machine
@@ -110,9 +110,7 @@ def test_abort_of_a_page_no_longer_in_flight_does_nothing(folder: Path) -> None:
     engine.abort(held)
     with pytest.raises(RuntimeError, match=r"^request aborted$"):
         held.result(timeout=60)
-    deadline = time.monotonic() + 60
-    while not (folder / "aborted").exists() and time.monotonic() < deadline:  # the service freed it
-        time.sleep(0.02)
+    assert wait_until((folder / "aborted").exists)  # the service freed it
     (folder / "aborted").unlink()
     engine.abort(held)  # twice: the second finds nothing
     still = engine.submit(vllm_request("hold", IMG), SAMPLING)
@@ -123,12 +121,16 @@ def test_abort_of_a_page_no_longer_in_flight_does_nothing(folder: Path) -> None:
     engine.abort(still)
 
 
-def fake_vllm_tokenizers(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str | None]]:
-    """vllm.tokenizers.get_tokenizer as the worker calls it, recorded (vLLM itself is not what is tested)."""
+def fake_vllm_tokenizers(monkeypatch: pytest.MonkeyPatch,
+                         error: Exception | None = None) -> list[tuple[str, str | None]]:
+    """vllm.tokenizers.get_tokenizer as the worker calls it, recorded, or failing with `error` (vLLM itself is
+    not what is tested)."""
     calls: list[tuple[str, str | None]] = []
 
     def get_tokenizer(model: str, revision: str | None = None) -> SimTokenizer:
         calls.append((model, revision))
+        if error is not None:
+            raise error
         return SimTokenizer()
 
     module = types.ModuleType("vllm.tokenizers")
@@ -152,12 +154,7 @@ def test_the_worker_loads_its_tokenizer_once_at_the_models_revision(folder: Path
 
 def test_a_tokenizer_that_cannot_load_fails_prepare_as_a_dead_engine_saying_why(folder: Path,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    def get_tokenizer(model: str, revision: str | None = None) -> SimTokenizer:
-        raise OSError(f"{model} has no tokenizer files")
-
-    module = types.ModuleType("vllm.tokenizers")
-    module.get_tokenizer = get_tokenizer  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "vllm.tokenizers", module)
+    fake_vllm_tokenizers(monkeypatch, OSError("org/broken has no tokenizer files"))
     engine = RemoteEngine(replace(settings(folder), model="org/broken"))
     with pytest.raises(EngineDead) as dead:
         engine.prepare(page_request_of(IMG))

@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import replace
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import Connection, Listener
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,9 @@ from tests.transforms.engines.machine_stubs import (
     StubRemoteEngine,
     ThreadRemoteEngine,
     answer,
+    raw_client,
     settings,
+    wait_until,
 )
 from tests.transforms.extract.feeding import vllm_request
 from transforms.child_process import python_argv
@@ -147,16 +149,9 @@ def test_answers_errors_restart_and_abort_cross_the_socket(folder: Path, monkeyp
     engine.abort(held)  # --answer-timeout-s: the engine in the service frees the request
     with pytest.raises(RuntimeError, match="aborted"):
         held.result(timeout=60)
-    deadline = time.monotonic() + 60
-    while not (folder / "aborted").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert (folder / "aborted").exists()
+    assert wait_until((folder / "aborted").exists)
     answer(engine.submit(vllm_request("after", img), SAMPLING))
     engine.close()
-
-
-def raw_client(folder: Path, authkey: bytes) -> Connection:
-    return Client(str(folder / SOCKET), family="AF_UNIX", authkey=authkey)
 
 
 def still_serves(folder: Path) -> None:
@@ -386,21 +381,15 @@ def test_the_service_counts_its_workers_for_its_idle_exit(folder: Path) -> None:
     answer(first.submit(vllm_request("a", Image.new("RGB", (4, 4))), SAMPLING))
     service = first._service
     second = raw_client(folder, read_authkey(folder))  # a second worker, connected and idle
-    deadline = time.monotonic() + 60
-    while service.state["clients"] != 2 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: service.state["clients"] == 2)
     assert service.state["clients"] == 2
     before = service.state["idle_since"]
     second.close()
-    deadline = time.monotonic() + 60
-    while service.state["clients"] != 1 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: service.state["clients"] == 1)
     assert service.state["clients"] == 1 and service.state["idle_since"] > before
     first.close()
     assert service.stopped.is_set()
-    deadline = time.monotonic() + 60
-    while service.state["clients"] != 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: service.state["clients"] == 0)
     assert service.state["clients"] == 0  # the last worker gone: what starts the idle exit's grace period
 
 

@@ -9,7 +9,6 @@ import re
 import threading
 import types
 from dataclasses import replace
-from multiprocessing.connection import Client
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from tests.transforms.engines.machine_stubs import (
     _Running,
     answer,
     failure_of,
+    raw_client,
     settings,
 )
 from tests.transforms.extract.feeding import vllm_request
@@ -34,7 +34,6 @@ from transforms.engines.base import (
     Prepared,
     RequestRejected,
 )
-from transforms.engines.machine import SOCKET
 from transforms.engines.machine_folder import read_authkey
 from transforms.engines.machine_service import Service
 
@@ -183,7 +182,7 @@ def test_a_peer_that_fails_the_handshake_is_never_served(folder: Path, caplog: p
     """It answers the challenge wrongly, then sends a page anyway: the service closes the connection unread."""
     engine = ThreadRemoteEngine(settings(folder))
     engine.start()
-    peer = Client(str(folder / SOCKET), family="AF_UNIX")  # no key: the handshake is done by hand below
+    peer = raw_client(folder, None)  # no key: the handshake is done by hand below
     with caplog.at_level("WARNING", logger=machine_service.__name__):
         assert peer.recv_bytes().startswith(b"#CHALLENGE#")
         peer.send_bytes(b"not the digest")
@@ -204,7 +203,7 @@ def test_a_malformed_frame_is_logged_with_why_and_ends_its_connection(folder: Pa
                                                                       caplog: pytest.LogCaptureFixture) -> None:
     engine = ThreadRemoteEngine(settings(folder))
     engine.start()
-    peer = Client(str(folder / SOCKET), family="AF_UNIX", authkey=read_authkey(folder))
+    peer = raw_client(folder, read_authkey(folder))
     with caplog.at_level("WARNING", logger=machine_service.__name__):
         peer.send_bytes(b"not a frame")
         with pytest.raises((EOFError, OSError)):
@@ -240,7 +239,7 @@ def test_one_connection_serves_on_after_every_kind_of_failure_restart_and_abort(
 def test_an_abort_for_a_request_already_answered_reaches_no_engine(folder: Path) -> None:
     engine = ThreadRemoteEngine(settings(folder))
     engine.start()
-    peer = Client(str(folder / SOCKET), family="AF_UNIX", authkey=read_authkey(folder))
+    peer = raw_client(folder, read_authkey(folder))
 
     def submit(rid: int) -> dict[str, Any]:
         wire.send(peer, wire.submit_header(rid, "p", SAMPLING.fields(), 0, IMG.size), wire.encode_png(IMG))
