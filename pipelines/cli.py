@@ -1,4 +1,4 @@
-"""The `pagemill` command line: run | sql | estimate | eval | report | make-test-model."""
+"""The `pagemill` command line: run | sql | estimate | eval | bench | report | make-test-model."""
 from __future__ import annotations
 
 import argparse
@@ -16,6 +16,8 @@ pagemill export --output DIR --schema VIEW --to FILE [--format parquet|csv] [--t
 pagemill estimate --input URI [--input URI ...] [--job FILE] [--output DIR] [--format table|json] [run options]
 pagemill report --output DIR [--tenant T] [--run-id ID] --html FILE
 pagemill eval --output DIR [--run-id ID] [--tenant T] --truth FILE [--format table|json] [--save]
+pagemill eval --bench olmocr-bench|sroie|cord --data DIR --output DIR [--run-id ID] [--format table|json]
+pagemill bench olmocr-bench|sroie|cord --data DIR --output DIR [--preset P] [--run-id ID] [run options]
 pagemill presets
 pagemill make-test-model DIR [--family qwen2_vl|qwen2_5_vl|llava_next|internvl|idefics3] [--seed N]"""
 
@@ -48,6 +50,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if command == "eval":
         return eval_command(rest)
+    if command == "bench":
+        from pipelines.bench.command import bench_command
+
+        return bench_command(rest, run_command)
     if command in ("estimate", "report"):
         return estimate_command(rest) if command == "estimate" else report_command(rest)
     print(f"pagemill: unknown command {command!r}\n{USAGE}", file=sys.stderr)
@@ -148,6 +154,10 @@ def estimate_command(argv: Sequence[str]) -> int:
 
 
 def eval_command(argv: Sequence[str]) -> int:
+    if any(a == "--bench" or a.startswith("--bench=") for a in argv):  # a public benchmark's own truth and metric
+        from pipelines.bench.command import eval_command as bench_eval
+
+        return bench_eval(argv)
     from pipelines.tables.eval import command
 
     return command(argv)

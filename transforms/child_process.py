@@ -11,7 +11,8 @@ function's own module is imported when it is unpickled in the child.
 Protocol: the parent sends the work function once (pickled by reference, or an object with `prepare()`),
 the child answers READY; then, per request, the parent sends a tuple of arguments and the child sends every
 item `work(*args)` yields, then DONE. The child gets no credentials (its environment is minimal) and does no
-storage I/O.
+storage I/O; its first act is `child_sandbox.isolate()`, and its parent is non-dumpable while it lives
+(`child_sandbox.UNDUMPABLE`), so it cannot read the credentials in its ancestors' environments either.
 
 The child runs pdfium and Pillow on untrusted bytes, so the parent trusts its replies no more than it must:
 they are unpickled by `load_reply`, which builds only the record classes the worker declares (`reply_types`)
@@ -31,6 +32,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from multiprocessing.connection import Connection
 from typing import Any
+
+from transforms.child_sandbox import UNDUMPABLE, isolate
 
 DONE, READY = "done", "ready"
 STARTUP_TIMEOUT_S = 120.0  # a child that cannot import its modules in this long is broken, not slow
@@ -130,6 +133,7 @@ def serve(requests: Connection, replies: Connection, work: Work) -> None:
 def child_main() -> None:
     """Entry point of the child: requests on stdin, replies on the original stdout. fd 1 is pointed at
     stderr, so that a library that prints cannot corrupt the reply stream."""
+    isolate()  # before anything is read: out of reach of the parent's environment (transforms/child_sandbox.py)
     replies = Connection(os.dup(1), readable=False)
     os.dup2(2, 1)
     requests = Connection(os.dup(0), writable=False)
@@ -177,8 +181,13 @@ class ChildWorker:
         if self.proc is not None and self.proc.poll() is None:
             return
         self.stop()
-        proc = subprocess.Popen(python_argv("-c", CHILD_COMMAND), stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, env=child_env(os.environ, sys.path), close_fds=True)
+        UNDUMPABLE.hold()  # this process's environ unreadable to its uid while the child lives (released in stop)
+        try:
+            proc = subprocess.Popen(python_argv("-c", CHILD_COMMAND), stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, env=child_env(os.environ, sys.path), close_fds=True)
+        except BaseException:
+            UNDUMPABLE.release()
+            raise
         assert proc.stdin is not None and proc.stdout is not None
         self.requests = Connection(os.dup(proc.stdin.fileno()), readable=False)
         self.replies = Connection(os.dup(proc.stdout.fileno()), writable=False)
@@ -230,6 +239,7 @@ class ChildWorker:
             if self.proc.poll() is None:
                 self.proc.kill()
             self.proc.wait(timeout=30)
+            UNDUMPABLE.release()
         self.proc = self.requests = self.replies = None
 
     def exit_code(self) -> int | None:

@@ -5,15 +5,22 @@ printed. `redact_url`: credentials in URLs (`--endpoint http://u:pw@host/v1`) ne
 Every character that can move the cursor, retitle or recolour the terminal, hide or reorder a line is
 written as its Python escape (`\\x1b`, `\\r`, `\\u202e`), so the printed line shows what was there and
 does nothing: C0 controls (tab and newline included: one value stays on one line), DEL and C1 controls,
-the line and paragraph separators, and the invisible direction and width controls (bidi embeddings and
-overrides U+202A-202E, isolates U+2066-2069, the Arabic letter mark U+061C, zero-width space, joiners and
-marks U+200B-200F, the byte-order mark U+FEFF).
+the line and paragraph separators, and every Unicode format character (category Cf: invisible, and many
+steer how text around them is shown: bidi embeddings, overrides and isolates, U+061C, zero-width space,
+joiners and marks, the word joiner and invisible operators U+2060-2064, the soft hyphen U+00AD, the Mongolian
+vowel separator U+180E, U+FEFF, interlinear annotation marks, prepended concatenation marks) and the whole tag
+block U+E0000-E007F (invisible letters that can smuggle text past a reader).
 """
 from __future__ import annotations
 
 import re
 
-UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
+# Cf as of Unicode 15.1 (Python 3.11 knows 14.0; 15.0 added U+13439-1343F), written out because `re` has no
+# \p{Cf}; tests/transforms/test_text_safety.py checks every Cf character Python's unicodedata knows.
+_FORMAT = ("\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f\u202a-\u202e"
+           "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
+           "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e007f")
+UNSAFE = re.compile(f"[\x00-\x1f\x7f-\x9f\u2028\u2029{_FORMAT}]")
 
 
 def _escape(match: re.Match[str]) -> str:

@@ -19,7 +19,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentP
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
 # Options that take several values; a command line that gives any replaces the job file's list.
-LIST_OPTIONS = ("input", "blocklist", "safety_check")
+LIST_OPTIONS = ("input", "blocklist", "safety_check", "shared_filesystem", "catalog_property")
 
 
 def _flag(parser: Any, name: str, **kwargs: Any) -> None:
@@ -48,6 +48,10 @@ class PagemillOptions(PipelineOptions):
         _flag(parser, "modified_until", default=None, help="only objects modified before (ISO time)")
         _flag(parser, "since_last_run", type=_bool, default=False,
               help="only objects modified since the last finished run of this --job_name (Beam's) and tenant")
+        _flag(parser, "shared_filesystem", action="append", nargs="?", const="/", default=None,
+              help="a local folder that every worker sees at the same path (NFS, a mounted volume, an image "
+                   "layer); repeatable; alone: every local path. Without it, a local --input, --output or model "
+                   "folder is refused when the runner's workers may run elsewhere (docs/runners.md)")
         _flag(parser, "s3_max_attempts", type=int, default=5,
               help="attempts to read one s3:// input object (botocore standard retries) before `storage_error`")
         # Intake limits.
@@ -147,6 +151,13 @@ class PagemillOptions(PipelineOptions):
         _flag(parser, "wave_objects", type=int, default=5000,
               help="list the inputs once under the run, then process them in waves of this many objects (the "
                    "first a tenth of it), one bounded pipeline each (0: one pipeline over the whole listing)")
+        # Iceberg commits of the tables (transforms/store/iceberg.py, docs/lakehouse.md).
+        _flag(parser, "catalog", default=None,
+              help="also commit each wave's part files to Iceberg tables: `sqlite` (embedded, <output>/catalog.db), "
+                   "a SQLAlchemy URI (postgresql+psycopg2://...) or a REST catalog's http(s):// URI")
+        _flag(parser, "catalog_namespace", default="pagemill", help="--catalog: the namespace of the tables")
+        _flag(parser, "catalog_property", action="append", default=None,
+              help="--catalog: KEY=VALUE for the catalog (a REST catalog's token, credential, warehouse); repeatable")
         # Writing as the run goes: what a kill can lose, per writer, against how many files a run makes.
         _flag(parser, "flush_rows", type=int, default=500, help="write a Parquet file every this many rows (0: off)")
         _flag(parser, "flush_seconds", type=float, default=10.0,

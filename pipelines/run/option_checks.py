@@ -3,6 +3,8 @@ before anything is written, as one line a user can act on (exit 2)."""
 from __future__ import annotations
 
 import datetime as dt
+import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,10 @@ def check_options(o: Any) -> list[str]:
     from transforms.safety.gate import check_config
 
     problems += check_config(safety_config(o))  # a bad blocklist fails here, not on a worker
+    problems += local_path_problems(o)
+    from transforms.store.iceberg import catalog_problems
+
+    problems += catalog_problems(o.catalog, o.output or "", o.catalog_property or ())
     if not o.extract:
         return problems
     looks_local = o.model.startswith(("/", "./", "../", "~")) or o.model.count("/") != 1
@@ -60,6 +66,58 @@ def check_options(o: Any) -> list[str]:
     except (ValueError, OSError) as err:
         problems.append(f"--model-family {o.model_family}: {err}")
     return problems
+
+
+# Runners whose workers run on this machine whatever the environment (the launcher's process or its children).
+LOCAL_RUNNERS = ("directrunner", "bundlebaseddirectrunner", "switchingdirectrunner", "prismrunner",
+                 "interactiverunner")
+
+
+def workers_elsewhere(runner: Any, environment_type: str | None) -> str | None:
+    """Pure: why the run's SDK workers may not see this machine's files (None when they run here). Dataflow's
+    are VMs; DOCKER (portable runners' default) and EXTERNAL environments are containers or worker pools that
+    have only their own files; LOOPBACK and PROCESS workers run on this machine (or the runner's host)."""
+    name = (runner if isinstance(runner, str) else type(runner).__name__ if runner else "DirectRunner").lower()
+    name = name.rsplit(".", 1)[-1]
+    name = name if name.endswith("runner") else f"{name}runner"
+    env = (environment_type or "").upper()
+    if "dataflow" in name:
+        return f"--runner {runner} runs workers on other machines"
+    if env in ("DOCKER", "EXTERNAL") or env.startswith(("BEAM:ENV:DOCKER", "BEAM:ENV:EXTERNAL")):
+        return f"--environment_type {env} runs workers that see only their own files"
+    if not env and name not in LOCAL_RUNNERS:
+        return f"--runner {runner} runs workers in Docker containers unless --environment_type says otherwise"
+    return None
+
+
+def shared(path: str, folders: Sequence[str]) -> bool:
+    """Pure: `path` is one of `folders` or inside one (absolute, normalised; "/" shares every path)."""
+    absolute = os.path.abspath(os.path.expanduser(path))
+    return any(absolute == f or absolute.startswith(f.rstrip("/") + "/")
+               for f in (os.path.abspath(os.path.expanduser(f)) for f in folders))
+
+
+def local_paths(o: Any) -> list[tuple[str, str]]:
+    """(flag, path) of every local path the workers read or write: inputs (and @lists), the output, and the
+    model folder of the in-process engine."""
+    found = [("--input", i.removeprefix("@")) for i in o.input or []] + [("--output", o.output or "")]
+    if o.extract and o.engine == "vllm" and Path(o.model).expanduser().exists():
+        found.append(("--model", o.model))
+    return [(flag, p.removeprefix("file://")) for flag, p in found
+            if p and ("://" not in p or p.startswith("file://"))]
+
+
+def local_path_problems(o: Any) -> list[str]:
+    """A local path with a runner whose workers may run elsewhere: refused (the run would fail on a worker, or
+    write where nobody looks), unless --shared-filesystem says every worker sees it at the same path."""
+    from apache_beam.options.pipeline_options import PortableOptions, StandardOptions
+
+    why = workers_elsewhere(o.view_as(StandardOptions).runner, o.view_as(PortableOptions).environment_type)
+    if why is None:
+        return []
+    return [f"{flag} {path}: a local path, and {why}: use an object store (s3://, gs://), or pass "
+            f"--shared-filesystem {path} if every worker sees it at that path (NFS, a volume, an image layer)"
+            for flag, path in local_paths(o) if not shared(path, o.shared_filesystem or [])]
 
 
 def endpoint_option_problems(o: Any) -> list[str]:

@@ -2,11 +2,15 @@
 
 A runner that retries a bundle after its writer flushed (Dataflow, Flink and Spark do, on preemption or a
 lost worker) writes that bundle's rows again; a resumed run writes a `cached` copy of the pages its killed
-attempt finished. Both are superseded by design: the run's tables that hold a key twice are compacted to the
-row that did the work, latest first (transforms/output/run_root.py compact_run), and the manifest counts the
-rows removed as `retried_rows`. Only a real contradiction fails the run (exit 1): two rows of one key that
-name different content, a `documents` key with two `doc_sha256` or a `pages` key with two `page_hash`
-(the object changed under the run, or a bug); those keys are reported in the manifest's `errors`.
+attempt finished. Both are superseded by design: the run's tables that hold a key twice are compacted to one
+row per key by schemas/kept_row.py's rule (a row that did the work beats a cached copy, which beats a failed
+row; then the later attempt; the ledger's kept row sums every attempt's spend), in
+transforms/output/run_root.py compact_run, and the manifest counts the rows removed as `retried_rows`. Only a
+real contradiction fails the run (exit 1): two rows of one key that name different content, a `documents` key
+with two `doc_sha256` or a `pages` key with two `page_hash` (the object changed under the run, or a bug); those
+keys are reported in the manifest's `errors` and their table's rows stay as they are. The ledger has no content
+column: its rows of a key are attempts at the page that `pages` names, so `pages` is where a contradiction
+shows, and the ledger is compacted either way (the spend of both stays counted).
 """
 from __future__ import annotations
 
@@ -14,8 +18,9 @@ from typing import Any
 
 from schemas import layout
 
-# Per table: the column whose values must agree among the rows of one key (nulls: not yet known).
-IDENTITY = {"documents": "doc_sha256", "pages": "page_hash"}
+# Per table: the column whose values must agree among the rows of one key (nulls: not yet known). None for
+# the ledger: it names no content (a contradiction shows in `pages`, which has the same key).
+IDENTITY: dict[str, str | None] = {"documents": "doc_sha256", "pages": "page_hash", "ledger": None}
 
 
 def raw_rows(counts: dict[str, Any]) -> dict[str, int]:

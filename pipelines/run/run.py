@@ -25,9 +25,9 @@ def run(options: Any, storage: Any) -> int:
     from pipelines.run.preflight import preflight
     from pipelines.run.retries import settle
     from pipelines.run.settings import run_settings
-    from pipelines.run.waves import listing_for, run_waves
+    from pipelines.run.waves import bound_listing, listing_for, run_waves
     from pipelines.tables.manifest import build_manifest, manifest_options, run_counts, write_manifest
-    from transforms.intake.listing_file import clear_listing
+    from transforms.intake.listing_file import ListingChanged, clear_listing
     from transforms.output.progress import ProgressWatcher
     from transforms.output.run_root import clear_run, run_tenants
 
@@ -39,7 +39,9 @@ def run(options: Any, storage: Any) -> int:
         configure(storage)
         problems = check_options(o) or preflight(o.input, o.output, storage)  # nothing is written if options are bad
     o.run_id = o.run_id or new_run_id()
-    problems = problems or run_id_taken(o.output, o.tenant, o.run_id)
+    # A listing an earlier invocation left is reused only if it is this run's: same --input, files unchanged.
+    found, refused = (None, []) if problems else bound_listing(o)
+    problems = problems or refused
     if problems:
         for problem in problems:
             print(f"pagemill run: {problem}", file=sys.stderr)
@@ -48,13 +50,15 @@ def run(options: Any, storage: Any) -> int:
     if o.force:
         clear_run(o.output, o.tenant, o.run_id)
         clear_listing(layout.listing_folder(o.output, o.tenant, o.run_id))
-    before = run_counts(o.output, o.run_id, storage, o.tenant) if run_tenants(o.output, o.run_id) else None
+    # A run id is the tenant's own: only its own partitions make this a resume (docs/safety.md).
+    resuming = o.tenant in run_tenants(o.output, o.run_id, o.tenant)
+    before = run_counts(o.output, o.run_id, storage, o.tenant) if resuming else None
     started = dt.datetime.now(dt.UTC)
     run = {"run_id": o.run_id, "tenant": o.tenant, "created_at": started}
     verb = "resuming" if before else "reading"
     print(f"pagemill: run {o.run_id}: {verb} {', '.join(o.input)}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    listing = listing_for(o, since, until)
+    listing = listing_for(o, since, until, found)
     # The listing tells a small run before any worker starts; the engine's service follows the workers.
     resolve_local_workers(options, usable_cores(), listing is not None and small_run(listing.objects, listing.bytes))
     settings = run_settings(o)
@@ -64,6 +68,9 @@ def run(options: Any, storage: Any) -> int:
         with watcher:
             waves, metrics = run_waves(options, settings, run, listing, since, until, o.force,
                                        on_wave=lambda wave: setattr(watcher, "wave", wave))
+    except ListingChanged as err:  # a wave file rewritten while the run went on: nothing of it was read
+        print(f"pagemill run: {err}", file=sys.stderr)
+        return 2
     except Exception as err:  # noqa: BLE001 - one clear line; the runner has logged the traceback
         from transforms.output.run_root import run_failure
 
@@ -77,7 +84,8 @@ def run(options: Any, storage: Any) -> int:
     manifest = build_manifest(o.run_id, manifest_options(options), counts, metrics, started, dt.datetime.now(dt.UTC))
     code, why = exit_code(counts, o.max_failed_fraction)  # rows are written: now judge them
     manifest.update(resumed=bool(before), exit_code=code, exit_reason=why, retried_rows=retried,
-                    waves=waves.as_dict(), this_invocation=invocation(counts, before))
+                    waves=waves.as_dict(), this_invocation=invocation(counts, before),
+                    listing=listing and listing.record())
     uri = write_manifest(o.output, o.tenant, o.run_id, manifest)
     print(summary(counts, wall, o.output, uri, manifest["this_invocation"], waves))
     if o.write_markdown:
@@ -101,18 +109,6 @@ def invocation(counts: dict[str, Any], before: dict[str, Any] | None) -> dict[st
 
     now, then = figures(counts), figures(before)
     return {k: max(0, now[k] - then[k]) for k in now}
-
-
-def run_id_taken(output: str, tenant: str, run_id: str) -> list[str]:
-    """A run id belongs to the tenant that first wrote it: another tenant neither resumes, clears nor
-    reports it (its manifest is `runs/tenant=<t>/<run_id>.json`)."""
-    from pipelines.tables.manifest import manifest_tenants
-    from transforms.output.run_root import run_tenants
-
-    owners = run_tenants(output, run_id) | manifest_tenants(output, run_id)
-    if owners - {tenant}:  # the owner is not named: one tenant learns nothing about another
-        return [f"--run-id {run_id!r} belongs to another tenant under {output}; choose another run id"]
-    return []
 
 
 def listing_window(o: Any, job_name: str | None, storage: Any) -> tuple[float | None, float | None]:

@@ -19,6 +19,7 @@ from transforms.engines.local import EngineSettings
 from transforms.extract.stage import ExtractConfig
 from transforms.hints.choose import HintSettings
 from transforms.hints.ocr import OcrSettings
+from transforms.intake.bounds import input_roots
 from transforms.intake.inspection import IntakeLimits
 from transforms.intake.listing import local_roots
 from transforms.intake.reading import ReadConfig
@@ -76,7 +77,8 @@ def read_config(o: Any) -> ReadConfig:
     return ReadConfig(max_attempts=o.s3_max_attempts, s3_endpoint_url=s3.s3_endpoint_url,
                       s3_region=s3.s3_region_name, s3_access_key_id=s3.s3_access_key_id,
                       s3_secret_access_key=s3.s3_secret_access_key, s3_session_token=s3.s3_session_token,
-                      local_roots=local_roots(o.input or ()))  # a file swapped for a link after listing
+                      local_roots=local_roots(o.input or ()),  # a file swapped for a link after listing
+                      inputs=input_roots(o.input or ()))  # a listed URI outside --input is never read
 
 
 def render_settings(o: PagemillOptions) -> RenderSettings:

@@ -14,6 +14,11 @@ Resume: a finished wave has a `.done` marker and is skipped without reading its 
 was cut short skips the documents it already wrote (its own part files, `part-wNNNNN-*`). `--wave-objects 0`:
 one pipeline over the whole listing, listed inside the pipeline (a distributed runner that holds its
 shuffles on disk may prefer it).
+
+A listing belongs to its run (`bound_listing`): a resume reuses it only when it records this invocation's
+`--input` and its wave files are the ones written; otherwise the run stops before it starts (exit 2), and
+`--force` or a new run id lists again. Each wave's file is checked again just before its pipeline, and as it
+is read.
 """
 from __future__ import annotations
 
@@ -26,7 +31,16 @@ from pathlib import Path
 from typing import Any
 
 from schemas import layout
-from transforms.intake.listing_file import Listing, ReadWave, mark_done, read_listing, write_listing
+from transforms.intake.listing_file import (
+    Listing,
+    ListingChanged,
+    ReadWave,
+    changed_waves,
+    clear_listing,
+    mark_done,
+    read_listing,
+    write_listing,
+)
 
 log = logging.getLogger(__name__)
 _WAVE = re.compile(r"/part-w(\d{5})-[^/]*$")
@@ -60,15 +74,65 @@ class Waves:
                 "ran": len(self.ran), "first_ran": self.ran[0] if self.ran else None}
 
 
-def listing_for(o: Any, since: float | None, until: float | None) -> Listing | None:
-    """The run's durable listing: read when an earlier invocation wrote it whole, else listed now and
-    written. None with `--wave-objects 0`."""
+RELIST = "run with --force to list the inputs again, or choose a new --run-id"
+
+
+def shown(values: Any) -> str:
+    """What a listing records, for a message: it lies where a tenant may write, so made terminal-safe and cut."""
+    from transforms.text_safety import terminal_safe
+
+    return terminal_safe(", ".join(str(v) for v in values)[:500]) or "nothing"
+
+
+def listing_refusal(listing: Listing, inputs: tuple[str, ...], run_id: str) -> str | None:
+    """Pure: why an earlier invocation's listing cannot serve this one (None: it can)."""
+    if listing.inputs is None:
+        return (f"the listing of run {run_id} under {listing.folder} records no --input it was made from (written by "
+                f"an older pagemill, or not by pagemill): it is not trusted; {RELIST}")
+    if tuple(listing.inputs) != inputs:
+        return (f"run {run_id} was listed from --input {shown(listing.inputs)}, but this invocation's --input is "
+                f"{shown(inputs)}: resume with the same --input, or {RELIST}")
+    return None
+
+
+def changed_message(listing: Listing, waves: list[int]) -> str:
+    files = ", ".join(listing.wave_file(w).rsplit("/", 1)[-1] for w in waves[:5])
+    return (f"the listing changed since it was written ({files}{' ...' if len(waves) > 5 else ''} under "
+            f"{listing.folder}: not the files it records); {RELIST}")
+
+
+def bound_listing(o: Any) -> tuple[Listing | None, list[str]]:
+    """An earlier invocation's listing of this run, if it may be reused: (it, []); (None, []) when there is
+    none to reuse (none written whole, `--force`, `--wave-objects 0`); (None, [why]) when it records other
+    inputs, none, or wave files that changed since: the run must not start (exit 2)."""
+    from transforms.intake.bounds import normalised_inputs
+
+    if o.wave_objects <= 0 or o.force:
+        return None, []
+    listing = read_listing(layout.listing_folder(o.output, o.tenant, o.run_id))
+    if listing is None:
+        return None, []
+    problem = listing_refusal(listing, normalised_inputs(o.input or ()), o.run_id)
+    if problem is None and (changed := changed_waves(listing)):
+        problem = changed_message(listing, changed)
+    return (None, [problem]) if problem else (listing, [])
+
+
+def listing_for(o: Any, since: float | None, until: float | None, found: Listing | None = None) -> Listing | None:
+    """The run's durable listing: `found` (`bound_listing`'s, checked), else listed now and written, in a
+    folder emptied first (nothing left of an unfinished listing, such as a `.done` marker, may count). None
+    with `--wave-objects 0`."""
     if o.wave_objects <= 0:
         return None
+    if found is not None:
+        return found
+    from transforms.intake.bounds import normalised_inputs
     from transforms.intake.listing import list_matching
 
     folder = layout.listing_folder(o.output, o.tenant, o.run_id)
-    return read_listing(folder) or write_listing(folder, list_matching(o.input or (), since, until), o.wave_objects)
+    clear_listing(folder)
+    return write_listing(folder, list_matching(o.input or (), since, until), o.wave_objects,
+                         normalised_inputs(o.input or ()))
 
 
 def run_waves(options: Any, settings: Any, run: dict[str, Any], listing: Listing | None,
@@ -101,8 +165,11 @@ def _one_wave(options: Any, s: Any, run: dict[str, Any], listing: Listing | None
     if listing is None:
         graph.build_pipeline(p, s, run, earlier_files, documents, since, until)
     else:
+        if changed_waves(listing, [wave]):  # rewritten since the run started
+            raise ListingChanged(changed_message(listing, [wave]))
         own, earlier = wave_files(documents, wave)
-        graph.build_pipeline(p, s, run, earlier_files, own, listing=ReadWave(listing.wave_file(wave)),
+        digest = listing.digests[wave] if wave < len(listing.digests) else None
+        graph.build_pipeline(p, s, run, earlier_files, own, listing=ReadWave(listing.wave_file(wave), digest),
                              earlier_kept=earlier, prefix=part_prefix(wave))
     result = p.run()
     result.wait_until_finish()

@@ -9,6 +9,7 @@ sql`'s job, not a file's. xlsx is not offered: no spreadsheet library is a depen
 from __future__ import annotations
 
 import argparse
+import os
 import posixpath
 import sys
 from collections.abc import Iterator, Sequence
@@ -20,7 +21,6 @@ import pyarrow.parquet as pq
 
 from pipelines.config.storage import StorageConfig, arrow_filesystem
 from pipelines.tables import sql
-from schemas import layout, tables
 from schemas.sql_types import quote
 from transforms.text_safety import terminal_safe
 
@@ -59,11 +59,24 @@ def _csv_rows(table: pa.Table) -> Iterator[list[Any]]:
             yield [sql.text_value(v) for v in row.values()]
 
 
-def _inside_tables(output: str, to: str, storage: StorageConfig) -> str | None:
-    """The table whose folder `to` would land in (a Parquet file there would be read as its rows), or None."""
-    _, root = arrow_filesystem(output, storage)
-    _, path = arrow_filesystem(to, storage)
-    return next((t for t in tables.TABLES if path.startswith(layout.table_folder(root, t) + "/")), None)
+def resolved(uri: str) -> tuple[str, str]:
+    """(scheme, path) of a local path or URI as storage will see it: a local path absolute with every symlink
+    followed (os.path.realpath); an object store's key as written (`..` is a literal part of a key there)."""
+    if "://" in uri and not uri.startswith("file://"):
+        scheme, rest = uri.split("://", 1)
+        return scheme, rest.rstrip("/")
+    return "file", os.path.realpath(uri.removeprefix("file://"))
+
+
+def target_problem(output: str, to: str) -> str | None:
+    """Why the export may not be written to `to`, or None: nothing under the output root, whose files
+    pagemill reads as its own (a table's rows, a run's manifest or listing), whatever a symlink says."""
+    (scheme, root), (to_scheme, path) = resolved(output), resolved(to)
+    if scheme != to_scheme or not (path == root or path.startswith(root.rstrip("/") + "/")):
+        return None
+    via = "" if path == to.removeprefix("file://") else f" (it resolves to {path})"
+    return (f"--to {to}{via} is inside the output root {output}, whose files are read as tables, manifests "
+            "and listings; write the export outside it")
 
 
 def command(argv: Sequence[str]) -> int:
@@ -83,9 +96,8 @@ def command(argv: Sequence[str]) -> int:
         return 2
     fmt = args.format or ("csv" if args.to.lower().endswith(".csv") else "parquet")
     storage = storage_from(vars(args))
-    if inside := _inside_tables(args.output, args.to, storage):
-        print(f"pagemill export: --to is inside the {inside} table's folder, whose files are read as its rows",
-              file=sys.stderr)
+    if problem := target_problem(args.output, args.to):
+        print(f"pagemill export: {terminal_safe(problem)}", file=sys.stderr)
         return 2
     configure(storage)
     try:

@@ -1,21 +1,19 @@
 """The run manifest, `runs/tenant=<tenant>/<run_id>.json`: options, versions, counts read back from the written
 tables' raw rows (so the manifest can never disagree with them, and a duplicated row is reported, not
-hidden), totals and stage timings. A run id belongs to one tenant: the manifest names it, and
-`pagemill run` refuses a run id that another tenant's manifest or partitions already hold."""
+hidden), totals and stage timings. A run id is a tenant's own: two tenants may each have a run `nightly`, and
+nothing under one tenant's folders is read to decide another's (pipelines/tables/manifest_file.py reads and
+writes the file)."""
 from __future__ import annotations
 
 import datetime as dt
 import importlib.metadata
-import json
 import platform
 from collections.abc import Mapping
 from typing import Any
 
-from apache_beam.io.filesystems import FileSystems
-
-from pipelines.tables import sql
-from schemas import layout, tables
-from schemas.layout import legacy_manifest_path, manifest_path
+from pipelines.tables import manifest_file, sql
+from schemas import tables
+from schemas.layout import manifest_path
 from schemas.records import model_routes_sql
 from transforms.text_safety import redact_url
 
@@ -74,7 +72,7 @@ def run_counts(output: str, run_id: str, storage: Any = None, tenant: str = "def
             "page_reasons": {str(k): int(n) for k, n in page_reasons},
             "pages": by("pages", "status"),
             "routes": by("ledger", "route"),
-            "streaming": streaming_figures(con, run_id),
+            "streaming": streaming_figures(con, tenant, run_id),
             "totals": {
                 "pages": totals[0], "image_tokens": totals[1], "text_tokens": totals[2],
                 "output_tokens": totals[3], "gpu_seconds": round(totals[4], 3), "cost_usd": round(totals[5], 6),
@@ -87,28 +85,7 @@ def run_counts(output: str, run_id: str, storage: Any = None, tenant: str = "def
         con.close()
 
 
-def manifest_tenants(output: str, run_id: str) -> set[str]:
-    """The tenants that have a manifest for this run id: the folder of `runs/tenant=<t>/<run_id>.json`, and
-    the tenant recorded in an old-layout `runs/<run_id>.json` (output roots hold no glob characters:
-    schemas/layout.py root_problems)."""
-    found: set[str | None] = set()
-    uri = legacy_manifest_path(output, run_id)
-    try:
-        matched = FileSystems.match([manifest_path(output, "*", run_id)])[0].metadata_list
-        found.update(layout.tenant_of(m.path) for m in matched)
-    except (OSError, ValueError):
-        pass  # nothing written under runs/tenant=* yet; the old layout is still read below
-    try:
-        if FileSystems.exists(uri):
-            with FileSystems.open(uri) as handle:
-                m = json.loads(handle.read())
-            found.add(m.get("tenant") or (m.get("options") or {}).get("tenant"))
-    except (OSError, ValueError):
-        pass
-    return {t for t in found if t}
-
-
-def streaming_figures(con: Any, run_id: str) -> dict[str, float | None]:
+def streaming_figures(con: Any, tenant: str, run_id: str) -> dict[str, float | None]:
     """How well the model was fed, from `pages` timestamps and ledger gpu_seconds:
     time_to_first_result_s: run start (rows' created_at) to the first page the model returned;
     engine_busy_fraction: the engine's busy seconds (sum of gpu_seconds) over the seconds from the
@@ -117,8 +94,8 @@ def streaming_figures(con: Any, run_id: str) -> dict[str, float | None]:
     first, busy, window = con.execute(
         f"SELECT epoch(min(p.extracted_at) FILTER (WHERE {model_l})) - epoch(min(p.created_at)), "
         f"sum(l.gpu_seconds), epoch(max(p.extracted_at) FILTER (WHERE {model_l})) - epoch(min(p.rendered_at)) "
-        "FROM pages p JOIN ledger l USING (tenant, run_id, doc_sha256, source_uri, page_index) WHERE p.run_id = ?",
-        [run_id]).fetchone()
+        "FROM pages p JOIN ledger l USING (tenant, run_id, doc_sha256, source_uri, page_index) "
+        "WHERE p.tenant = ? AND p.run_id = ?", [tenant, run_id]).fetchone()
     return {"time_to_first_result_s": None if first is None else round(first, 3),
             "engine_busy_fraction": round(min(1.0, busy / window), 3) if busy and window else None}
 
@@ -149,9 +126,9 @@ def _redacted(value: Any) -> Any:
 
 
 def write_manifest(output: str, tenant: str, run_id: str, manifest: Mapping[str, Any]) -> str:
+    """Write the run's manifest whole or not at all (manifest_file.write); its URI."""
     uri = manifest_path(output, tenant, run_id)
-    with FileSystems.create(uri) as handle:
-        handle.write(json.dumps(manifest, indent=1, default=str, sort_keys=True).encode())
+    manifest_file.write(uri, manifest)
     return uri
 
 

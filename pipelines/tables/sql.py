@@ -20,8 +20,8 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from pipelines.config.storage import StorageConfig, arrow_filesystem
-from pipelines.tables import typed_views
-from schemas import layout, tables
+from pipelines.tables import manifest_file, typed_views
+from schemas import kept_row, layout, tables
 from transforms.text_safety import terminal_safe
 
 # Cell text that a spreadsheet would run as a formula (OWASP's list: = + - @, and tab / CR before them).
@@ -44,7 +44,8 @@ def table_files(fs: pafs.FileSystem, root: str, table: str, tenant: str | None =
 def manifest_files(fs: pafs.FileSystem, root: str, tenant: str | None = None) -> list[tuple[str, str | None]]:
     """(path, the tenant its folder names) of the manifests of `tenant`'s runs (None: every tenant's):
     `runs/tenant=<t>/<id>.json`, and an old-layout `runs/<id>.json` only for a run id that the tenant's own
-    partitions hold and that has no new-layout manifest: a file planted in `runs/` speaks for no one else."""
+    partitions hold and that has no new-layout manifest of that tenant: a file planted in `runs/` speaks for
+    no one else. (With every tenant's, `runs_table` drops an old-layout file whose tenant has a new one.)"""
     def jsons(folder: str) -> list[str]:
         infos = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True, recursive=True))
         return sorted(i.path for i in infos if i.type == pafs.FileType.File and i.path.endswith(".json"))
@@ -56,37 +57,45 @@ def manifest_files(fs: pafs.FileSystem, root: str, tenant: str | None = None) ->
     found = jsons(runs)
     new = [(path, folder_tenant(path)) for path in found
            if folder_tenant(path) is not None and tenant in (None, folder_tenant(path))]
-    written = {layout.manifest_run_id(path) for path, _ in new}
+    written = {layout.manifest_run_id(path) for path, _ in new}  # of `tenant`'s own folder, when given
     owned = {layout.run_id_of(path) for path in table_files(fs, root, "documents", tenant)} if tenant else set()
     top = runs.rstrip("/")
     legacy = [(path, None) for path in found if path.rsplit("/", 1)[0] == top
-              and layout.manifest_run_id(path) not in written
-              and (tenant is None or layout.manifest_run_id(path) in owned)]
+              and (tenant is None or (layout.manifest_run_id(path) in owned
+                                      and layout.manifest_run_id(path) not in written))]
     return new + legacy
 
 
 def runs_table(fs: pafs.FileSystem, root: str, tenant: str | None = None) -> pa.Table:
+    """One row per readable manifest; a malformed one is skipped with a warning (manifest_file.read)."""
     records = []
     for path, folder_tenant in manifest_files(fs, root, tenant):
-        with fs.open_input_stream(path) as handle:
-            m = json.loads(handle.read())
-        totals = m.get("totals", {})
+        m = manifest_file.read(fs, path)
+        if m is None:
+            continue
+        totals = m.get("totals") or {}
         records.append({"run_id": m.get("run_id"), "started_at": m.get("started_at"),
                         "finished_at": m.get("finished_at"), "wall_seconds": m.get("wall_seconds"),
-                        "tenant": folder_tenant or m.get("options", {}).get("tenant"), "documents": m.get("documents"),
-                        "pages": totals.get("pages"), "model_calls": totals.get("model_calls"),
-                        "cost_usd": totals.get("cost_usd"), "api_equivalent_usd": totals.get("api_equivalent_usd"),
+                        "tenant": folder_tenant or (m.get("options") or {}).get("tenant"),
+                        "documents": m.get("documents"), "pages": totals.get("pages"),
+                        "model_calls": totals.get("model_calls"), "cost_usd": totals.get("cost_usd"),
+                        "api_equivalent_usd": totals.get("api_equivalent_usd"), "legacy": folder_tenant is None,
                         "manifest": json.dumps(m, sort_keys=True)})
+    # A run is (tenant, run id): an old-layout file gives way only to a new one of the same tenant and run.
+    written = {(r["tenant"], r["run_id"]) for r in records if not r["legacy"]}
+    records = [r for r in records if not (r["legacy"] and (r["tenant"], r["run_id"]) in written)]
     if tenant is not None:
         records = [r for r in records if r["tenant"] == tenant]
     return pa.Table.from_pylist(records, schema=RUNS)
 
 
 def connect(output: str, storage: StorageConfig | None = None, tenant: str | None = None,
-            read_only: bool = True, typed: bool = True) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection with views `documents`, `pages`, `ledger` (latest row per key), their raw
+            read_only: bool = True, typed: bool | str = True) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with views `documents`, `pages`, `ledger` (the kept row per key, by
+    schemas/kept_row.py's rule, the one compaction keeps; the ledger's with every attempt's spend), their raw
     rows `documents_all`, `pages_all`, `ledger_all`, and `runs`, over every run under `output`, local or
-    s3://; with `typed`, also a typed view per extraction schema (pipelines/tables/typed_views.py). With `tenant`,
+    s3://; with `typed`, also a typed view per extraction schema (pipelines/tables/typed_views.py; `typed` a
+    statement: only the typed views it reads). With `tenant`,
     every view holds that tenant's rows only: only its partitions are listed and each dataset is filtered
     on the `tenant` column too. The tables are pyarrow datasets registered in
     DuckDB, which needs no httpfs extension. A table with no files yet is an empty view of the right
@@ -101,13 +110,11 @@ def connect(output: str, storage: StorageConfig | None = None, tenant: str | Non
         if tenant is not None and files:
             data = data.filter(ds.field("tenant") == tenant)  # a row written to the wrong folder stays out
         con.register(f"{table}_all", data)
-        keys = ", ".join(layout.TABLE_KEYS[table])
-        con.execute(f"CREATE VIEW {table} AS SELECT * FROM {table}_all "
-                    f"QUALIFY row_number() OVER (PARTITION BY {keys} ORDER BY created_at DESC) = 1")
+        con.execute(f"CREATE VIEW {table} AS {kept_row.view_sql(table, f'{table}_all', schema)}")
     runs = runs_table(fs, root, tenant)
     con.register("runs", runs)
     if typed:
-        typed_views.create(con, runs.column("manifest").to_pylist())
+        typed_views.create(con, runs.column("manifest").to_pylist(), typed if isinstance(typed, str) else None)
     if read_only:
         lock(con)
     return con
@@ -133,7 +140,13 @@ def duplicate_keys(con: duckdb.DuckDBPyConnection, table: str, tenant: str, run_
 
 def query(output: str, sql: str, storage: StorageConfig | None = None,
           tenant: str | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
-    con = connect(output, storage, tenant)
+    try:
+        return _answer(connect(output, storage, tenant, typed=sql), sql)  # only the typed views it names
+    except duckdb.CatalogException:  # one it names only in a string (`query_table('invoice')`): every view
+        return _answer(connect(output, storage, tenant), sql)
+
+
+def _answer(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
     try:
         rel = con.sql(sql)
         if rel is None:

@@ -11,7 +11,9 @@ them (`unfit_values`) and names their columns (`unfit_columns`); `typed_unfit` h
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -30,6 +32,10 @@ UNFIT_COLUMNS, UNFIT_VALUES, ITEM_INDEX = "unfit_columns", "unfit_values", "item
 WHOLE = "extraction"  # the column of a schema with no properties, and the unfit name of a non-object answer
 RESERVED = ("documents", "pages", "ledger", "documents_all", "pages_all", "ledger_all", "runs", "reason_codes",
             "typed_views", "typed_columns", "typed_unfit")
+# Words of a statement that may list or describe the views: it gets every view, as before they were lazy.
+CATALOG = re.compile(r"\b(show|describe|summarize|pragma\w*|information_schema|pg_\w+|sqlite_\w+|duckdb_\w+|"
+                     r"typed_views|typed_columns|typed_unfit)\b", re.IGNORECASE)
+_PLANS: dict[str, list[tuple[View, str]]] = {}  # `_statements`, by digest of the schema versions
 VIEWS = pa.schema([("view", pa.string()), ("schema_id", pa.string()), ("unnests", pa.string()),
                    ("schema_hashes", pa.list_(pa.string())), ("note", pa.string())])
 
@@ -94,10 +100,10 @@ def _typed_view(schema_id: str, hashes: set[str], versions: Mapping[str, Mapping
     notes = [f"no schema file with hash {h[:12]}... (pages of that version are typed with the others)"
              for h in sorted(hashes - set(versions)) if versions]
     used = {h: s for h, s in versions.items() if h in hashes} or dict(versions)
-    merged: dict[str, SqlType] = {}
-    for _, schema in sorted(used.items()):
-        for prop, t in (sql_types.properties(schema) or {}).items():
-            merged[prop] = sql_types.merge(merged[prop], t, prop) if prop in merged else t
+    merged, depth = sql_types.bounded_properties(schema for _, schema in sorted(used.items()))
+    if depth < sql_types.MAX_DEPTH:
+        notes.append(f"typed {depth} levels deep (the bound of {sql_types.MAX_PARTS} typed parts a view): "
+                     "deeper parts are JSON, typed_columns.note says which")
     if not used:
         notes.append("no schema file found: the extraction as JSON")
     elif not merged:
@@ -136,14 +142,14 @@ def view_sql(view: View) -> str:
         f"json_transform(j, {literal(json.dumps({c.prop: c.type.structure() for c in cs}))}) AS v{i}, "
         f"json_transform(j, {literal(json.dumps({c.prop: sql_types.JSON for c in cs}))}) AS r{i}"
         for i, cs in enumerate(_grouped(view.columns, batch)))
-    unfit = [(WHOLE, not_object)] + [
-        (c.name, _unfit(f"struct_extract(r{batch[c]}, {literal(c.prop)})",
-                        f"struct_extract(v{batch[c]}, {literal(c.prop)})", c.type, 1)) for c in view.columns]
+    checked = [(c.name, _unfit(f"struct_extract(r{batch[c]}, {literal(c.prop)})", "", c.type, 1))
+               for c in view.columns]
+    unfit = [(WHOLE, not_object)] + [(name, expr) for name, expr in checked if expr is not None]
     named = ", ".join(f"CASE WHEN {expr} > 0 THEN {literal(name)} END" for name, expr in unfit)
     columns = ", ".join(f"struct_extract(v{batch[c]}, {literal(c.prop)}) AS {quote(c.name)}" for c in view.columns)
     return (f"CREATE VIEW {quote(view.name)} AS SELECT {keys}, {columns}, "
             f"list_filter([{named}], lambda c: c IS NOT NULL) AS {UNFIT_COLUMNS}, "
-            f"({' + '.join(expr for _, expr in unfit)})::BIGINT AS {UNFIT_VALUES} "
+            f"{_sum([expr for _, expr in unfit])}::BIGINT AS {UNFIT_VALUES} "
             f"FROM (SELECT *, {parsed} FROM ({source}))")
 
 
@@ -162,23 +168,42 @@ def _grouped(columns: tuple[Column, ...], batch: dict[Column, int]) -> list[list
     return [[c for c in columns if batch[c] == i] for i in range(max(batch.values()) + 1)]
 
 
-def _unfit(raw: str, typed: str, t: SqlType, depth: int) -> str:
-    """SQL counting the values under one property that did not fit their type. `raw` is the property's
-    JSON (SQL NULL for a JSON null or a missing key), `typed` its typed value; lists and structs are
-    walked item by item and field by field, so a bad amount in one line item counts once."""
+def _unfit(anchor: str, pointer: str, t: SqlType, depth: int) -> str | None:
+    """SQL counting the values under one property that do not fit their type, or None for a JSON part (any
+    value fits). The property's JSON is `anchor` (a column's JSON, or a list item's) at a JSON Pointer. Lists
+    and structs are walked item by item and field by field, so a bad amount in one line item counts once; a
+    leaf is cast on its own (`json_transform` to its type: the cast the view's column makes). Each part names
+    its JSON by pointer and never reads the typed STRUCT, so the SQL and DuckDB's work to bind it grow with
+    parts x depth (main's parent-within-child SQL made a 156 KiB schema cost 16-20 s and 4 GB)."""
+    if t.scalar == sql_types.JSON:
+        return None
+    raw = f"json_extract({anchor}, {literal(pointer)})" if pointer else anchor
+    absent = f"coalesce(json_type({raw}), 'NULL') = 'NULL'"  # a missing key (SQL NULL) or a JSON null
     if t.scalar is not None:
-        return f"({raw} IS NOT NULL AND {typed} IS NULL)::BIGINT"
+        return f"(NOT {absent} AND json_transform({raw}, {literal(json.dumps(t.scalar))}) IS NULL)::BIGINT"
     if t.fields is not None:
-        fields = json.dumps({name: sql_types.JSON for name, _ in t.fields})
-        inner = " + ".join(_unfit(f"struct_extract(json_transform({raw}, {literal(fields)}), {literal(n)})",
-                                  f"struct_extract({typed}, {literal(n)})", ft, depth) for n, ft in t.fields)
-        return f"(CASE WHEN {raw} IS NULL THEN 0 WHEN json_type({raw}) <> 'OBJECT' THEN 1 ELSE {inner} END)"
+        inner = [_unfit(anchor, f"{pointer}/{_pointer_step(n)}", ft, depth) for n, ft in t.fields]
+        return (f"(CASE WHEN {absent} THEN 0 WHEN json_type({raw}) <> 'OBJECT' THEN 1 "
+                f"ELSE {_sum([i for i in inner if i is not None] or ['0'])} END)")
     assert t.items is not None
     z = f"z{depth}"  # one lambda variable a level: nested lists see their parents' items
-    inner = _unfit(f"{z}[1]", f"{z}[2]", t.items, depth + 1)
-    items = f"list_zip(json_transform({raw}, '[\"JSON\"]'), {typed})"
-    return (f"(CASE WHEN {raw} IS NULL THEN 0 WHEN json_type({raw}) <> 'ARRAY' THEN 1 "
-            f"ELSE coalesce(list_sum(list_transform({items}, lambda {z}: {inner})), 0) END)")
+    item = _unfit(z, "", t.items, depth + 1)
+    items = f"json_transform({raw}, '[\"JSON\"]')"
+    counted = f"coalesce(list_sum(list_transform({items}, lambda {z}: {item})), 0)" if item else "0"
+    return f"(CASE WHEN {absent} THEN 0 WHEN json_type({raw}) <> 'ARRAY' THEN 1 ELSE {counted} END)"
+
+
+def _pointer_step(name: str) -> str:
+    """One key as a JSON Pointer step (RFC 6901: `~` is `~0`, `/` is `~1`)."""
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+def _sum(terms: list[str]) -> str:
+    """`terms` added as a balanced tree: a left-deep chain of thousands passes DuckDB's expression depth limit."""
+    if len(terms) == 1:
+        return terms[0]
+    half = len(terms) // 2
+    return f"({_sum(terms[:half])} + {_sum(terms[half:])})"
 
 
 def item_columns(view: View) -> tuple[Column, ...]:
@@ -202,25 +227,25 @@ def _item_view_sql(view: View) -> str:
             f"SELECT {keys}, unnest({column}) AS item, generate_subscripts({column}, 1) AS i FROM {parent})")
 
 
-def create(con: duckdb.DuckDBPyConnection, manifests: Iterable[str]) -> None:
-    """Create every typed view in `con` (which has `pages`), with `typed_views`, `typed_columns` and
-    `typed_unfit`. A view DuckDB refuses becomes the extraction as JSON, with the reason as its note."""
+def create(con: duckdb.DuckDBPyConnection, manifests: Iterable[str], statement: str | None = None) -> None:
+    """Create the typed views in `con` (which has `pages`): every one, with `typed_views`, `typed_columns` and
+    `typed_unfit`; or, given the one `statement` the connection is for, only the views it reads (`tables_read`):
+    DuckDB binds a view's SQL when it is created, so a statement pays only for the views it uses.
+    A view DuckDB refuses becomes the extraction as JSON, with the reason as its note."""
+    named = None if statement is None else tables_read(con, statement)
+    if named is not None and named <= {r.lower() for r in RESERVED}:
+        return  # `SELECT 1`, or only the tables: no schema need be read
     seen = dict(con.execute(
         "SELECT schema_id, coalesce(list(DISTINCT schema_hash) FILTER (WHERE schema_hash IS NOT NULL), []) "
         f"FROM pages_all WHERE status = {literal(OK)} AND schema_id IS NOT NULL GROUP BY ALL").fetchall())
-    views, columns = [], []
-    for view in plan(seen, schema_files(manifests)):
-        try:
-            con.execute(view_sql(view))
-        except duckdb.Error as err:
-            if view.parent is not None:
-                continue
-            why = " ".join(str(err).split())[:200]
-            view = View(view.name, view.schema_id, (), view.hashes, (*view.notes, f"DuckDB refused the types: {why}"))
-            con.execute(view_sql(view))
-        views.append({"view": view.name, "schema_id": view.schema_id, "unnests": view.parent,
-                      "schema_hashes": list(view.hashes), "note": "; ".join(view.notes) or None})
-        columns += _column_rows(view)
+    planned = _statements(seen, schema_files(manifests))
+    wanted = None if named is None else _with_parents(named, [v for v, _ in planned])
+    made = [_made(con, view, ddl) for view, ddl in planned if wanted is None or view.name in wanted]
+    if wanted is not None:
+        return
+    views = [{"view": v.name, "schema_id": v.schema_id, "unnests": v.parent, "schema_hashes": list(v.hashes),
+              "note": "; ".join(v.notes) or None} for v in made if v is not None]
+    columns = [row for v in made if v is not None for row in _column_rows(v)]
     con.register("typed_views", pa.Table.from_pylist(views, schema=VIEWS))
     # Types as DuckDB states them (duckdb_columns binds a view only when this is read, not at every connect).
     described = ", ".join(f"({literal(r['view'])}, {literal(r['column'])}, {_sql_value(r['nullable'])}, "
@@ -236,6 +261,50 @@ def create(con: duckdb.DuckDBPyConnection, manifests: Iterable[str]) -> None:
         f"SELECT tenant, run_id, doc_sha256, source_uri, page_index, {literal(v['view'])} AS {quote('view')}, "
         f"unnest({UNFIT_COLUMNS}) AS {quote('column')} FROM {quote(v['view'])}" for v in views if not v["unnests"])
     con.execute(f"CREATE VIEW typed_unfit AS {unfit}")
+
+
+def _made(con: duckdb.DuckDBPyConnection, view: View, ddl: str) -> View | None:
+    """Create one view; one DuckDB refuses becomes the extraction as JSON (an item view: none)."""
+    try:
+        con.execute(ddl)
+        return view
+    except duckdb.Error as err:
+        if view.parent is not None:
+            return None
+        why = " ".join(str(err).split())[:200]
+        view = View(view.name, view.schema_id, (), view.hashes, (*view.notes, f"DuckDB refused the types: {why}"))
+        con.execute(view_sql(view))
+        return view
+
+
+def _statements(seen: Mapping[str, Iterable[str]],
+                known: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[tuple[View, str]]:
+    """`plan` and each view's SQL, made once per process for the same schemas (keyed by their hashes)."""
+    digest = hashlib.sha256(json.dumps([sorted((k, sorted(v)) for k, v in seen.items()),
+                                        sorted((k, sorted(v)) for k, v in known.items())]).encode()).hexdigest()
+    if digest not in _PLANS:
+        if len(_PLANS) >= 16:  # a long-lived process (a notebook) over many roots: keep the newest few
+            _PLANS.pop(next(iter(_PLANS)))
+        _PLANS[digest] = [(v, view_sql(v)) for v in plan(seen, known)]
+    return _PLANS[digest]
+
+
+def tables_read(con: duckdb.DuckDBPyConnection, statement: str) -> set[str] | None:
+    """The tables and views one statement reads (lower case), or None for all of them: a statement that may
+    list the catalog (SHOW, DESCRIBE, information_schema, duckdb_views(), typed_columns ...) or whose tables
+    DuckDB cannot name. A view named only inside a string (`query_table('invoice')`) is missed: the caller
+    retries such a statement with every view (pipelines/tables/sql.py `query`)."""
+    if CATALOG.search(statement):
+        return None
+    try:
+        return {n.lower() for n in con.get_table_names(statement)}
+    except duckdb.Error:
+        return None
+
+
+def _with_parents(named: set[str], views: list[View]) -> set[str]:
+    chosen = {v.name for v in views if v.name.lower() in named}
+    return chosen | {v.parent for v in views if v.name in chosen and v.parent is not None}
 
 
 def _column_rows(view: View) -> list[dict[str, Any]]:

@@ -57,7 +57,9 @@ def test_demo_job_through_portable_runner_and_external_worker_pool(tmp_path: Pat
                 "--run-id", "portable", "--model", str(test_model_dir), "--kv-cache-gib", "0.25",
                 "--progress-every-s", "0", "--runner", "PortableRunner", "--job_endpoint", "embed",
                 "--wave-objects", "5",  # samples/ holds 6 objects: waves of 1 and 5, each through the job service
-                "--environment_type", "EXTERNAL", "--environment_config", f"localhost:{port}"]
+                "--environment_type", "EXTERNAL", "--environment_config", f"localhost:{port}",
+                # The pool is on this host: it sees the checkout's samples/, the output folder and the model.
+                "--shared-filesystem"]
         run = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=540)
         assert run.returncode == 0, run.stderr[-4000:]
     finally:

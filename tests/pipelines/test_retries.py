@@ -10,6 +10,7 @@ import pytest
 
 from pipelines import cli
 from pipelines.run.retries import raw_rows as raw_counts
+from pipelines.run.retries import settle
 from schemas import tables
 from schemas.layout import partition
 from tests.pipelines.raw import one_row_per, raw_rows
@@ -55,18 +56,41 @@ def test_a_replayed_bundle_leaves_one_row_per_key(tmp_path: Path, monkeypatch: p
     assert m["exit_code"] == 0 and not m["resumed"]
 
 
-def test_a_contradiction_is_kept_and_fails_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two `documents` rows of one URI that name different bytes: not a retry. Both stay, exit 1."""
+@pytest.mark.parametrize(("table", "column"), [("documents", "doc_sha256"), ("pages", "page_hash")])
+def test_a_contradiction_is_kept_and_fails_the_run(tmp_path: Path, table: str, column: str) -> None:
+    """Two rows of one key that name different content (a URI's bytes, a page's pixels): not a retry. Both
+    stay, exit 1. (Before, only `documents` was tested: a `pages` contradiction could be compacted silently.)"""
     make_inputs(tmp_path / "in", 3)
     out = tmp_path / "out"
     assert run(tmp_path / "in", out, "c") == 0
-    (first, *_) = raw_rows(out, "documents", "c")
-    planted: dict[str, Any] = {**first, "doc_sha256": "0" * 64}
-    write_rows(partition(str(out), "documents", "default", "c"), tables.DOCUMENTS, [planted])
+    rows = raw_rows(out, table, "c")
+    planted: dict[str, Any] = {**rows[0], column: "0" * 64}
+    write_rows(partition(str(out), table, "default", "c"), tables.SCHEMAS[table], [planted])
     assert run(tmp_path / "in", out, "c") == 1
     m = manifest(out, "c")
-    assert any("rows name different doc_sha256" in e for e in m["errors"]) and m["exit_code"] == 1
-    assert len(raw_rows(out, "documents", "c")) == 4  # the evidence stays
+    assert any(e.startswith(f"{table}: 1 key(s) whose rows name different {column}") for e in m["errors"])
+    assert m["exit_code"] == 1
+    assert len(raw_rows(out, table, "c")) == len(rows) + 1  # the evidence stays
+
+
+def test_a_pages_contradiction_leaves_pages_raw_and_the_ledger_sums_both_attempts(tmp_path: Path) -> None:
+    """The ledger has no content column: a contradiction shows in `pages` (same key), whose rows stay as
+    evidence; the ledger's two rows of that key are compacted with both attempts' spend, so the bill holds."""
+    out = str(tmp_path)
+    key = {"run_id": "r", "tenant": "t", "doc_sha256": "d", "source_uri": "a.pdf", "page_index": 0}
+    write_rows(partition(out, "documents", "t", "r"), tables.DOCUMENTS,
+               [{**{k: key[k] for k in ("run_id", "tenant", "doc_sha256", "source_uri")}, "outcome": "extracted"}])
+    for page_hash, cost, seq in (("h1", 0.25, 1), ("h2", 0.5, 2)):
+        write_rows(partition(out, "pages", "t", "r"), tables.PAGES,
+                   [{**key, "status": "ok", "page_hash": page_hash, "attempt_seq": seq}])
+        write_rows(partition(out, "ledger", "t", "r"), tables.LEDGER,
+                   [{**key, "route": "model", "cost_usd": cost, "attempt_seq": seq}])
+    counts, removed = settle(out, "t", "r", None)
+    assert [e for e in counts["errors"] if "different" in e] == [
+        "pages: 1 key(s) whose rows name different page_hash (a contradiction, not a retry)"]
+    assert len(raw_rows(out, "pages", "r")) == 2 and removed == 1
+    (ledger,) = raw_rows(out, "ledger", "r")
+    assert ledger["cost_usd"] == pytest.approx(0.75)  # 0.25 + 0.5
 
 
 def test_raw_counts_from_run_counts() -> None:

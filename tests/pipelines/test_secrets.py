@@ -14,6 +14,7 @@ import pytest
 from pipelines import cli
 from pipelines.config.storage import StorageConfig, command_line_secrets, configure
 from tests import docmaker
+from tests.transforms.child_probe import DIR_VAR, SECRET_VAR
 from transforms.hints.ocr import tesseract_env
 
 SECRET = "pagemill-test-secret-0f3c9a7e51"
@@ -48,6 +49,9 @@ exit 1
 
 
 def test_secret_stays_out_of_children_manifest_and_output(tmp_path: Path) -> None:
+    """Also from inside the render child (a --safety-check that probes, tests/transforms/child_probe.py): the
+    environment of its worker (PIPELINE_OPTIONS, the keys among them), of Beam's shell and of the launcher (the
+    secret planted there too) cannot be read. That part fails before the fix: the worker's was readable."""
     pytest.importorskip("moto")
     from tests.pipelines.test_s3 import client, make_bucket, start_moto, stop_moto
 
@@ -55,19 +59,21 @@ def test_secret_stays_out_of_children_manifest_and_output(tmp_path: Path) -> Non
     try:
         s3 = {"endpoint": endpoint, "key": "AKIAFAKEFAKEFAKE", "secret": SECRET, "region": "us-east-1"}
         make_bucket(s3, "sec", {"in/scan.png": docmaker.scanned_png(), "in/doc.pdf": docmaker.multipage_pdf(1)})
-        bin_dir, dumps = tmp_path / "bin", tmp_path / "dumps"
-        bin_dir.mkdir()
-        dumps.mkdir()
+        bin_dir, dumps, probes = tmp_path / "bin", tmp_path / "dumps", tmp_path / "probes"
+        for folder in (bin_dir, dumps, probes):
+            folder.mkdir()
         _fake_tesseract(bin_dir, dumps)
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         env.update(PATH=f"{bin_dir}:{env['PATH']}", AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
                    AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_EC2_METADATA_DISABLED="true",
                    PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+        env.update({SECRET_VAR: SECRET, DIR_VAR: str(probes)})  # in the launcher's environment, and the probe's
         args = ["run", "--input", "s3://sec/in/", "--output", "s3://sec/out", "--run-id", "sec", "--extract", "false",
                 "--hints", "ocr", "--nsfw-classifier", "none", "--progress-every-s", "0",
                 "--s3-endpoint-url", endpoint, "--s3-region", "us-east-1",
                 "--s3-access-key-id", s3["key"], "--s3-secret-access-key", SECRET,
-                "--direct_running_mode=multi_processing", "--direct_num_workers=2"]
+                "--direct_running_mode=multi_processing", "--direct_num_workers=2",
+                "--safety-check", "tests.transforms.child_probe:ProbeCheck"]
         run = subprocess.run([sys.executable, "-m", "pipelines.cli", *args], env=env, capture_output=True,
                              text=True, timeout=300)
         assert run.returncode == 0, run.stderr[-3000:]
@@ -82,6 +88,12 @@ def test_secret_stays_out_of_children_manifest_and_output(tmp_path: Path) -> Non
             text = dump.read_text()
             assert SECRET not in text and "PIPELINE_OPTIONS" not in text and "AWS_" not in text
             assert "OMP_THREAD_LIMIT=1" in text
+        probed = [json.loads(f.read_text()) for f in sorted(probes.glob("probe-*.json"))]
+        assert probed, "no render child ran the probe: the check below would prove nothing"
+        for _, *above in probed:  # its own line first, then each process above it
+            assert len(above) >= 3, above  # its worker, Beam's shell, the launcher (and what started them)
+            assert all(what != "secret" for _, _, what in above), above
+            assert above[0][2].startswith("refused"), above
     finally:
         stop_moto(proc)
 

@@ -3,11 +3,16 @@ configuration key follows every option that reaches a keyed setting, and no opti
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from pipelines.config.options import PagemillOptions
 from pipelines.run.settings import RunSettings, run_settings
+from transforms.engines.base import EngineDead
 
 
 def settings(*flags: str) -> RunSettings:
@@ -49,3 +54,37 @@ def test_two_runs_of_one_job_on_a_machine_engine_share_the_key() -> None:
     first, second = (settings("--engine-service", "machine", "--run_id", run) for run in ("run-1", "run-2"))
     assert first.engine.service_dir != second.engine.service_dir
     assert first.extract.config_key == second.extract.config_key
+
+
+def test_a_squatted_engine_base_gives_the_run_a_private_folder_its_workers_and_service_use(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another local user made `<tmp>/pagemill-<uid>` first. Fails before the fix: the worker refused the folder
+    (EngineDead, FolderRefused) and every page of every machine-engine run failed. Now the launcher's settings
+    name a fresh private folder, the worker and the service (the real service loop, a stub engine, in threads)
+    accept it, and a page is answered; a folder the user named under the squatted base stays refused."""
+    from PIL import Image
+
+    from tests.transforms.engines.machine_stubs import SAMPLING, StubRemoteEngine, ThreadRemoteEngine, answer
+    from tests.transforms.engines.test_machine_folder import squat
+    from tests.transforms.extract.feeding import vllm_request
+
+    temp = Path(tempfile.mkdtemp(prefix="pm-"))  # short: the socket's path has a length limit
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # never the machine's own temp folder
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    squatted = temp / f"pagemill-{os.getuid()}"
+    why = squat(squatted)
+    try:
+        engine = settings("--engine-service", "machine", "--run_id", "squat").engine
+        assert engine.service_dir is not None and Path(engine.service_dir).parent.parent == temp
+        worker = ThreadRemoteEngine(engine)  # the service in threads: its own folder check, socket and loop
+        try:
+            page = vllm_request("page", Image.new("RGB", (4, 4)))
+            assert answer(worker.submit(page, SAMPLING))["prompt"] == "page"
+        finally:
+            worker.close()
+        named = settings("--engine-service", "machine", "--engine-service-dir", str(squatted / "mine")).engine
+        assert named.service_dir == str(squatted / "mine")  # the user's choice: refused, never replaced
+        with pytest.raises(EngineDead, match=why):
+            StubRemoteEngine(named).start()
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)

@@ -1,8 +1,9 @@
 """Tenants are apart in storage: partitions, resume, the result cache's listing, the SQL views, the named
 queries and the report all key on (tenant, run id).
 
-The query and report checks use hand-written rows (two tenants that hold the same run id, as an output root
-written before tenant partitions, or by hand, can) so every expected figure is derived here, not by the code."""
+The query and report checks use hand-written rows (two tenants that hold the same run id: run ids are per
+tenant) so every expected figure is derived here, not by the code. A tenant's malformed manifests break
+no one's command."""
 from __future__ import annotations
 
 import datetime as dt
@@ -129,27 +130,115 @@ def _run(inputs: Path, output: Path, tenant: str, run_id: str) -> int:
                      "--tenant", tenant, "--run-id", run_id, "--progress-every-s", "0", "--workers", "1"])
 
 
-def test_another_tenants_run_id_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A tenant given another tenant's run id neither resumes it, nor skips its own documents as done, nor
-    reports (or overwrites) the other tenant's counts: the run is refused before anything is written."""
+def test_run_ids_are_per_tenant(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Fails before the fix: a run id was one tenant's across the root, so whatever another tenant wrote under its
+    own folders (`runs/tenant=evil/shared.json`, even `[]`, or a partition) made globex's `--run-id shared`
+    exit 2 "belongs to another tenant". Now each tenant's run `shared` is its own: globex's run neither resumes,
+    skips nor reports acme's, and acme's rows and manifest stay as they were."""
     inputs, output = _folder(tmp_path / "in"), tmp_path / "out"
     assert _run(inputs, output, "acme", "shared") == 0
-    acme_rows = raw_rows(output, "documents", "shared")
-    manifest = (output / "runs" / "tenant=acme" / "shared.json").read_text()
-    assert {r["tenant"] for r in acme_rows} == {"acme"} and len(acme_rows) == 2
-    assert (output / "documents" / "tenant=acme" / "run_id=shared").is_dir()
+    acme_rows = raw_rows(output, "documents", "shared", tenant="acme")
+    acme_manifest = (output / "runs" / "tenant=acme" / "shared.json").read_text()
+    assert len(acme_rows) == 2
+    squat = output / "runs" / "tenant=evil" / "shared.json"
+    squat.parent.mkdir(parents=True)
+    squat.write_text("[]")
+    write_rows(partition(str(output), "documents", "evil", "shared"), tables.DOCUMENTS,
+               [{"run_id": "shared", "tenant": "evil", "source_uri": "x", "outcome": "rendered"}])
     capsys.readouterr()
-    assert _run(inputs, output, "globex", "shared") == 2
-    assert "belongs to another tenant" in capsys.readouterr().err
-    assert raw_rows(output, "documents", "shared") == acme_rows
-    assert (output / "runs" / "tenant=acme" / "shared.json").read_text() == manifest
-    assert not any(p.name == "tenant=globex" for p in output.rglob("*"))
-    # With a partition but no manifest yet (a killed run), the run id is still taken.
-    (output / "runs" / "tenant=acme" / "shared.json").unlink()
-    assert _run(inputs, output, "globex", "shared") == 2 and _run(inputs, output, "globex", "own") == 0
-    globex = raw_rows(output, "documents", "own", tenant="globex")
+    assert _run(inputs, output, "globex", "shared") == 0
+    err = capsys.readouterr().err
+    assert "belongs to another tenant" not in err and "resuming" not in err and str(squat) not in err
+    globex = raw_rows(output, "documents", "shared", tenant="globex")
     assert sorted(r["outcome"] for r in globex) == ["rendered", "rendered"]  # nothing skipped as acme's
-    assert json.loads((output / "runs" / "tenant=globex" / "own.json").read_text())["documents"] == 2
+    manifest = json.loads((output / "runs" / "tenant=globex" / "shared.json").read_text())
+    assert (manifest["documents"], manifest["resumed"], manifest["this_invocation"]["documents"]) == (2, False, 2)
+    assert raw_rows(output, "documents", "shared", tenant="acme") == acme_rows
+    assert (output / "runs" / "tenant=acme" / "shared.json").read_text() == acme_manifest
+    _, found = sql.query(str(output), "SELECT tenant, run_id, documents FROM runs ORDER BY 1")
+    assert found == [("acme", "shared", 2), ("globex", "shared", 2)]  # evil's `[]` skipped, with a warning
+
+
+def test_an_old_layout_manifest_gives_way_only_to_its_own_tenants_run(shared_run_id: Path) -> None:
+    """Fails before the fix: acme's old-layout `runs/r1.json` vanished from the `runs` view once globex wrote a
+    manifest for its own run `r1`, so cost-by-run lost acme's start time."""
+    globex = shared_run_id / "runs" / "tenant=globex" / "r1.json"
+    globex.parent.mkdir(parents=True)
+    globex.write_text(json.dumps({"run_id": "r1", "started_at": LATE.isoformat(), "wall_seconds": 2.0}))
+    _, found = sql.query(str(shared_run_id), "SELECT tenant, run_id, started_at FROM runs ORDER BY 1, 2")
+    assert found == [("acme", "r1", EARLY.isoformat()), ("globex", "r1", LATE.isoformat()),
+                     ("globex", "r2", (LATE + dt.timedelta(hours=1)).isoformat())]
+    cost = {(r["tenant"], r["run_id"]): r["started_at"] for r in _named(shared_run_id, "cost-by-run")}
+    assert cost[("acme", "r1")] == EARLY.isoformat() and cost[("globex", "r1")] == LATE.isoformat()
+    # acme's own new-layout manifest replaces its old one (one row per tenant and run).
+    acme = shared_run_id / "runs" / "tenant=acme" / "r1.json"
+    acme.parent.mkdir(parents=True)
+    acme.write_text(json.dumps({"run_id": "r1", "started_at": LATE.isoformat()}))
+    _, found = sql.query(str(shared_run_id), "SELECT tenant, started_at FROM runs WHERE run_id = 'r1' ORDER BY 1")
+    assert found == [("acme", LATE.isoformat()), ("globex", LATE.isoformat())]
+
+
+MALFORMED = {"list.json": "[]", "truncated.json": '{"run_id": "x", "started_at": "2026-0', "empty.json": "",
+             "types.json": json.dumps({"run_id": 7, "documents": "many", "totals": [], "options": "x"}),
+             "time.json": json.dumps({"run_id": "t", "started_at": "yesterday"}),
+             "schema.json": json.dumps({"run_id": "s", "options": {"schema": ["a"]}})}
+
+
+def _plant(folder: Path) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in MALFORMED.items():
+        (folder / name).write_text(text)
+    return [folder / name for name in MALFORMED]
+
+
+def test_another_tenants_malformed_manifests_break_no_command(shared_run_id: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Fails before the fix: one tenant's `runs/tenant=evil/list.json` holding `[]` made every tenant's
+    `pagemill sql` fail ('list' object has no attribute 'get'), `report` print a traceback and `export` fail.
+    Now each malformed file is skipped with one warning line that names it."""
+    planted = _plant(shared_run_id / "runs" / "tenant=evil")
+    capsys.readouterr()
+    assert cli.main(["sql", "--output", str(shared_run_id), "--format", "json",
+                     "SELECT tenant, run_id FROM runs ORDER BY 1, 2"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == [{"tenant": "acme", "run_id": "r1"}, {"tenant": "globex", "run_id": "r2"}]
+    for path in planted:
+        assert f"skipped the manifest {path}" in err, path
+    assert "Traceback" not in err
+    assert cli.main(["sql", "--output", str(shared_run_id), "--query", "cost-by-run"]) == 0
+    assert cli.main(["report", "--output", str(shared_run_id), "--html", str(tmp_path / "latest.html")]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    planted_invoices = shared_run_id / "pages" / "tenant=acme" / "run_id=r1"
+    write_rows(str(planted_invoices), tables.PAGES, [{"run_id": "r1", "tenant": "acme", "doc_sha256": "a9",
+                                                      "page_index": 0, "status": "ok", "schema_id": "invoice",
+                                                      "extraction": json.dumps({"vendor_name": "Contoso"})}])
+    assert cli.main(["export", "--output", str(shared_run_id), "--schema", "invoice",
+                     "--to", str(tmp_path / "invoice.csv")]) == 0
+    assert "Contoso" in (tmp_path / "invoice.csv").read_text()
+
+
+def test_since_last_run_reads_past_a_malformed_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Fails before the fix: `--since-last-run` read the tenant's manifests with `json.loads` and used what it
+    found, so a manifest cut short (a crash before writes were atomic) or hand-edited stopped the nightly with a
+    traceback. Now the window starts from the last readable manifest of the job, and the others are named."""
+    from apache_beam.options.pipeline_options import GoogleCloudOptions
+
+    from pipelines.config.options import PagemillOptions
+    from pipelines.run.run import SINCE_LAST_RUN_OVERLAP_S, listing_window
+
+    output = tmp_path / "out"
+    options = PagemillOptions(["--since-last-run", "true", "--job_name=nightly", "--tenant", "acme",
+                               "--output", str(output), "--input", str(tmp_path)])
+    o, job = options.view_as(PagemillOptions), options.view_as(GoogleCloudOptions).job_name
+    _plant(output / "runs" / "tenant=evil")
+    own = _plant(output / "runs" / "tenant=acme")  # acme's own folder too: skipped, named
+    good = output / "runs" / "tenant=acme" / "n1.json"
+    good.write_text(json.dumps({"run_id": "n1", "started_at": EARLY.isoformat(), "options": {"job_name": "nightly"}}))
+    capsys.readouterr()
+    assert listing_window(o, job, None) == (EARLY.timestamp() - SINCE_LAST_RUN_OVERLAP_S, None)
+    err = capsys.readouterr().err
+    assert all(f"skipped the manifest {path}" in err for path in own)
+    assert "tenant=evil" not in err  # another tenant's files are not even read
 
 
 def test_result_cache_lists_only_the_runs_own_tenant(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from PIL import Image
 from pipelines import cli
 from pipelines.run import graph
 from pipelines.run.waves import merge_metrics, wave_files, wave_of
+from tests import docmaker
 from tests.conftest import vllm_available
 from tests.pipelines.raw import one_row_per, raw_rows
 from transforms.hints.ocr import OcrResult
@@ -26,6 +27,7 @@ from transforms.intake.dedup import kept_by_sha
 from transforms.intake.listing_file import first_wave, wave_chunks
 
 ROOT = Path(__file__).resolve().parents[2]
+LIVENESS_S = 300  # a wait for a run to reach a point: far above what it takes, never a speed bound
 RENDER_ONLY = ["--extract", "false", "--nsfw-classifier", "none", "--hints", "none", "--workers", "1"]
 
 
@@ -136,44 +138,112 @@ def test_progress_lines_while_the_run_works(tmp_path: Path, monkeypatch: pytest.
     assert all("/12 documents" in line for line in lines)
 
 
-def pagemill(inputs: Path, output: Path, run_id: str, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PAGEMILL_SLOW_PAGE_S": "0.4"}
-    argv = [sys.executable, "-m", "pipelines.cli", "run", "--input", str(inputs), "--output", str(output),
-            "--run-id", run_id, "--progress-every-s", "0", "--wave-objects", "10", "--extract", "false",
-            "--hints", "none", "--nsfw-classifier", "tests.pipelines.slow_pages:factory", "--workers", "1",
+def pdfs(folder: Path, n: int) -> dict[str, int]:
+    """`n` distinct PDFs of 1 to 3 pages (multi-page: a resumed wave must account for each document's pages);
+    their pages by source URI."""
+    folder.mkdir(parents=True)
+    pages = {}
+    for i in range(n):
+        path = folder / f"d{i:03d}.pdf"
+        path.write_bytes(docmaker.multipage_pdf(1 + i % 3, title=f"Document {i}"))
+        pages[str(path)] = 1 + i % 3
+    return pages
+
+
+def pagemill(inputs: Path, output: Path, run_id: str, log: Path, stop: tuple[int, int, Path] | None = None,
+             ) -> subprocess.Popen:
+    """`pagemill run` in a child process (killable); `stop` = (wave, n, marker): its documents writer blocks once
+    n rows of that wave are on disk (tests/pipelines/wave_faults.py), and says so in `marker`."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    head = ["-m", "tests.pipelines.wave_faults", *map(str, stop)] if stop else ["-m", "pipelines.cli"]
+    argv = [sys.executable, *head, "run", "--input", str(inputs), "--output", str(output), "--run-id", run_id,
+            "--progress-every-s", "0", "--wave-objects", "4", "--flush-rows", "1", *RENDER_ONLY,
             "--document-timeout-s", "0", "--page-timeout-s", "0"]
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)
 
 
 def test_killed_in_the_third_wave_resumes_without_reading_the_first_two(tmp_path: Path) -> None:
-    """41 objects in waves of 1, 10, 10, 10, 10; kill -9 once the second wave is marked done (the third is
-    under way), then resume: waves 1-2 are skipped unread (the objects handed to intake are counted), and
-    every object has one row."""
-    inputs = make_inputs(tmp_path / "in", 41)
-    output = tmp_path / "out"
-    proc = pagemill(tmp_path / "in", output, "k", tmp_path / "first.log")
-    listing = output / "listings" / "tenant=default" / "run_id=k"
-    deadline = time.monotonic() + 300
-    while not (listing / "wave-00001.done").exists():
+    """13 PDFs of 1-3 pages in waves of 1, 4, 4, 4. The fault: the documents writer blocks once 2 documents of the
+    third wave are on disk; kill -9 there (inside the wave, whatever the machine's speed), then resume: waves 1-2
+    are skipped unread (the objects handed to intake are counted), the third wave reads only its 2 documents not
+    yet written, and every object and page has one row."""
+    pages = pdfs(tmp_path / "in", 13)
+    inputs = sorted(pages)
+    output, blocked = tmp_path / "out", tmp_path / "blocked"
+    proc = pagemill(tmp_path / "in", output, "k", tmp_path / "first.log", stop=(2, 2, blocked))
+    deadline = time.monotonic() + LIVENESS_S  # liveness only: a run that never blocks fails here, not at pytest's
+    while not blocked.exists():
         assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-        assert time.monotonic() < deadline
+        assert time.monotonic() < deadline, "the run never reached its third wave's third document"
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
-    assert not (listing / "wave-00002.done").exists() and not (output / "runs").exists()
-    done_in_third = {r["source_uri"] for r in raw_rows(output, "documents", "k")} - set(inputs[:11])
+    listing = output / "listings" / "tenant=default" / "run_id=k"
+    assert sorted(p.name for p in listing.glob("*.done")) == ["wave-00000.done", "wave-00001.done"]
+    assert not (output / "runs").exists()
+    done_in_third = {r["source_uri"] for r in raw_rows(output, "documents", "k")} - set(inputs[:5])
+    assert done_in_third and done_in_third <= set(inputs[5:9]) and len(done_in_third) == 2
     proc = pagemill(tmp_path / "in", output, "k", tmp_path / "second.log")
     assert proc.wait(timeout=600) == 0, (tmp_path / "second.log").read_text()[-3000:]
     m = manifest(output, "k")
-    assert m["waves"] == {"total": 5, "objects": 41, "skipped": 2, "ran": 3, "first_ran": 2}
+    assert m["waves"] == {"total": 4, "objects": 13, "skipped": 2, "ran": 2, "first_ran": 2}
     timings = m["stage_timings"]
-    assert timings["objects_submitted"] == 30  # waves 3-5 only: the first two are not listed again
+    assert timings["objects_submitted"] == 8  # waves 3-4 only: the first two are not listed again
     read = timings.get("documents_accepted", 0) + timings.get("documents_rejected", 0)
-    assert read == 30 - len(done_in_third)
+    assert read == 8 - len(done_in_third)  # nor are the third wave's documents already written
+    assert m["this_invocation"]["documents"] == 13 - 5 - len(done_in_third)
     assert sorted(one_row_per(raw_rows(output, "documents", "k"), "source_uri")) == inputs
-    assert len(one_row_per(raw_rows(output, "pages", "k"), "doc_sha256", "page_index")) == 41
+    page_rows = one_row_per(raw_rows(output, "pages", "k"), "source_uri", "page_index")
+    assert sorted(page_rows) == sorted((u, i) for u, n in pages.items() for i in range(n))
+    assert m["documents"] == 13 and m["totals"]["pages"] == sum(pages.values())
     assert m["errors"] == [] and m["exit_code"] == 0
+
+
+def test_a_resume_reads_the_durable_listing_and_reports_this_invocation_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Waves of 1 and 2 (a.pdf of 1 page; b.pdf, c.pdf of 2 and 3); the run stops before its second wave (the
+    fault: its graph builder raises). An object added to the input folder since is not listed on resume: the run
+    lists once, and the resume reads its written listing. The manifest and the closing lines count what the resume
+    did (b and c) apart from what the run holds."""
+    from transforms.intake import listing
+    from transforms.output.write import part_prefix
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    pages = {"a.pdf": 1, "b.pdf": 2, "c.pdf": 3}
+    for name, n in pages.items():
+        (inputs / name).write_bytes(docmaker.multipage_pdf(n, title=name))
+    listed: list[object] = []
+    list_matching = listing.list_matching
+    monkeypatch.setattr(listing, "list_matching", lambda *a: listed.append(a) or list_matching(*a))
+    build, stop_before = graph.build_pipeline, [1]
+
+    def stopped(*args: object, **kwargs: object) -> None:
+        if stop_before and kwargs.get("prefix") == part_prefix(stop_before[0]):
+            raise RuntimeError("injected: stopped before the second wave")
+        build(*args, **kwargs)
+
+    monkeypatch.setattr(graph, "build_pipeline", stopped)
+    argv = ["run", "--input", str(inputs), "--output", str(tmp_path / "out"), "--run-id", "l",
+            "--progress-every-s", "0", "--wave-objects", "2", *RENDER_ONLY]
+    assert cli.main(argv) == 1 and len(listed) == 1
+    (inputs / "0-new.pdf").write_bytes(docmaker.multipage_pdf(4, title="new"))  # sorts first
+    stop_before.clear()
+    capsys.readouterr()
+    assert cli.main(argv) == 0
+    assert len(listed) == 1, "the resume listed the inputs again instead of reading the run's listing"
+    docs = one_row_per(raw_rows(tmp_path / "out", "documents", "l"), "source_uri")
+    assert sorted(docs) == [str(inputs / n) for n in pages]
+    m = manifest(tmp_path / "out", "l")
+    assert m["waves"] == {"total": 2, "objects": 3, "skipped": 1, "ran": 1, "first_ran": 1}
+    assert m["resumed"] is True
+    assert m["this_invocation"] == {"documents": 2, "pages": 2 + 3, "model_calls": 0}  # b and c
+    assert (m["documents"], m["totals"]["pages"]) == (3, 1 + 2 + 3)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("pagemill: 2 documents, 5 pages in ")
+    assert out[0].endswith("model calls 0 by this invocation; waves run 1 of 2 (1 finished before)")
+    assert out[1:4] == ["  the run:  3 documents, 6 pages in all", "  outcomes: rendered 3", "  pages:    rendered 6"]
 
 
 @pytest.mark.vllm
@@ -183,7 +253,6 @@ def test_the_machine_engine_stays_up_across_waves(tmp_path: Path, test_model_dir
     """Two worker processes feed the machine's engine service; two waves, the boundary between them made longer
     than the service's idle exit (the fault: a slow wave start): one engine start for the whole run."""
     from pipelines.run import waves
-    from tests import docmaker
     from transforms.engines.machine import IDLE_EXIT_S
 
     one_wave = waves._one_wave

@@ -1,6 +1,9 @@
 """transforms/text_safety.py: the one rule for untrusted text printed on a terminal."""
 from __future__ import annotations
 
+import sys
+import unicodedata
+
 import pytest
 
 from transforms.text_safety import terminal_safe
@@ -16,6 +19,22 @@ UNSAFE = [("\x1b", "\\x1b"), ("\r", "\\r"), ("\n", "\\n"), ("\t", "\\t"), ("\x07
 @pytest.mark.parametrize(("char", "shown"), UNSAFE)
 def test_each_unsafe_character_is_shown_as_its_escape(char: str, shown: str) -> None:
     assert terminal_safe(f"a{char}b") == f"a{shown}b"
+
+
+# Every format character (Cf) Python's Unicode database knows, and the whole tag block, enumerated from the
+# database here; each escape is written from the code point (\xNN below 0x100, \uNNNN, \UNNNNNNNN).
+FORMAT = [c for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Cf"]
+TAGS = list(range(0xE0000, 0xE0080))
+
+
+def escaped(c: int) -> str:
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" if c < 0x10000 else f"\\U{c:08x}"
+
+
+def test_every_format_character_and_the_tag_block_are_shown_as_escapes() -> None:
+    assert len(FORMAT) >= 160 and {0x2060, 0x00AD, 0x180E, 0xE0001} <= set(FORMAT)  # the database is there
+    for c in sorted(set(FORMAT) | set(TAGS)):
+        assert terminal_safe(f"a{chr(c)}b") == f"a{escaped(c)}b", f"U+{c:04X}"
 
 
 def test_a_terminal_escape_sequence_is_inert_and_other_text_is_unchanged() -> None:

@@ -4,6 +4,10 @@ The folder holds the service's socket, its authkey and its settings. Another loc
 or replace it would receive the run's prompts and pages and answer in the engine's place, so:
 - the base is `$XDG_RUNTIME_DIR/pagemill` when XDG_RUNTIME_DIR is set and private to us, else
   `<tempdir>/pagemill-<uid>`; each service folder is `engine-<key>` inside it (`service_dir`);
+- that name is predictable, so another local user can create it first: the launcher then warns and takes a
+  fresh private folder (`mkdtemp`, 0700, a random name) as the run's base (`usable_base`), so a squatter can
+  neither take over nor stop the engine. The launcher decides the folder once (pipelines/run/settings.py) and
+  the workers and the service take it from the run's settings: none of them derives it again;
 - a folder is created 0700 and, created or found, checked with lstat before use: a real directory (not a
   symlink), owned by this uid, no group or other bits (`check_private`); the service folder and its parent
   (the base, or the parent of --engine-service-dir) both pass, else `FolderRefused`;
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import stat
 import tempfile
@@ -25,6 +30,7 @@ from pathlib import Path
 from transforms.child_process import CHILD_ENV_PREFIXES, child_env
 from transforms.engines.local import EngineSettings
 
+log = logging.getLogger(__name__)
 AUTHKEY_BYTES = 32
 MAX_SETTINGS_BYTES = 1 << 20
 # What vLLM, torch and their libraries read from the environment (transforms/engines/local.py
@@ -90,11 +96,27 @@ def private_base(environ: Mapping[str, str], tempdir: str | None = None) -> Path
     return Path(tempdir or tempfile.gettempdir()) / f"pagemill-{os.getuid()}"
 
 
+def usable_base(environ: Mapping[str, str], tempdir: str | None = None) -> Path:
+    """`private_base`, created 0700 when absent; when it is refused (another user made it first, or it is a
+    link or open to others), a warning and a fresh private folder `<tempdir>/pagemill-<uid>-<random>` instead.
+    Each call on a refused base makes a new folder: call it once per run (the launcher, through the settings)."""
+    base = private_base(environ, tempdir)
+    try:
+        ensure_private(base)
+        return base
+    except FolderRefused as err:
+        fresh = Path(tempfile.mkdtemp(prefix=f"pagemill-{os.getuid()}-", dir=tempdir))  # 0700, ours, unguessable
+        check_private(fresh)
+        log.warning("%s; this run's engine service uses the private folder %s instead", err, fresh)
+        return fresh
+
+
 def service_dir(run_id: str, settings: EngineSettings, environ: Mapping[str, str] = os.environ) -> str:
-    """The run's engine folder on this machine: one engine per run, model and settings. Every worker process
-    of the run computes the same from the run's settings (the launcher computes it once, pipelines/run/settings.py)."""
+    """The run's engine folder on this machine: one engine per run, model and settings, in `usable_base`.
+    The launcher calls it once (pipelines/run/settings.py) and every worker process and the service take the
+    folder from the run's settings: on a refused base a second call would name another folder."""
     key = sha256(json.dumps([run_id, asdict(settings)], sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return str(private_base(environ) / f"engine-{key}")
+    return str(usable_base(environ) / f"engine-{key}")
 
 
 def prepare_folder(folder: Path) -> None:

@@ -53,7 +53,9 @@ class IntakeDoFn(beam.DoFn):
         self.accepted = Metrics.counter("pagemill", "documents_accepted")
 
     def process(self, obj: ListedObject) -> Iterator[object]:
-        gated = size_gate(obj, self.limits)
+        # First: a URI outside this run's --input is refused as such, whatever size its listing claims.
+        outside = self.reader.outside(obj.uri)
+        gated = read_failed(obj, outside) if outside is not None else size_gate(obj, self.limits)
         if gated is None:
             try:
                 data = self.reader.read(obj.uri, self.limits.max_bytes)

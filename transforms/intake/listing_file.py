@@ -4,15 +4,24 @@ skips a finished wave without reading it again (pipelines/run/waves.py).
 
 `<output>/listings/tenant=<t>/run_id=<id>/`: `wave-00000.parquet` ... one file a wave, then `_LISTED` (written
 last: its presence says the listing is whole), and `wave-00000.done` once that wave's pipeline finished.
+
+A listing belongs to its run: `_LISTED` (JSON, written whole or not at all) records the `--input` it was made
+from (normalised, transforms/intake/bounds.py) and the sha256 of every wave file, so that a resume with other
+inputs, or over a wave file changed since, is refused (pipelines/run/waves.py), and a wave's file is checked
+against its digest again as the wave reads it. The folder lies under the output root, which a tenant may write:
+that is why every URI read from it is also checked against this invocation's `--input` before it is read.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import apache_beam as beam
 import pyarrow as pa
 import pyarrow.parquet as pq
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
@@ -21,22 +30,34 @@ from schemas.records import ListedObject
 
 LISTING_SCHEMA = pa.schema([("uri", pa.string()), ("size", pa.int64()), ("last_modified", pa.float64())])
 COMPLETE = "_LISTED"
+FORMAT = 2  # of `_LISTED`; 1 was "waves objects bytes", which records no inputs and no digests
+
+
+class ListingChanged(Exception):
+    """A wave file is not the one written with the listing (its sha256 differs, or it is gone)."""
 
 
 @dataclass(frozen=True)
 class Listing:
-    """A run's written listing: where it lies, how many waves and objects it holds."""
+    """A run's written listing: where it lies, how many waves and objects it holds, what it was made from."""
 
     folder: str
     waves: int
     objects: int
     bytes: int  # their listed sizes, summed
+    inputs: tuple[str, ...] | None = None  # normalised --input; None: the marker records none (not trusted)
+    digests: tuple[str, ...] = ()  # sha256 of each wave file, in wave order
 
     def wave_file(self, wave: int) -> str:
         return wave_file(self.folder, wave)
 
     def done(self, wave: int) -> bool:
         return FileSystems.exists(done_marker(self.folder, wave))
+
+    def record(self) -> dict[str, object]:
+        """The manifest's `listing`: the inputs it was made from and the sha256 of its marker (which holds
+        every wave file's), so a reader can tell which listing the run's rows came from."""
+        return {"inputs": list(self.inputs or ()), "sha256": sha256(marker_text(self).encode())}
 
 
 def wave_file(folder: str, wave: int) -> str:
@@ -67,26 +88,68 @@ def wave_chunks(objects: Sequence[ListedObject], wave_objects: int) -> Iterator[
         yield chunk
 
 
-def write_listing(folder: str, objects: Sequence[ListedObject], wave_objects: int) -> Listing:
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def wave_bytes(chunk: Sequence[ListedObject]) -> bytes:
+    """Pure: one wave's Parquet file."""
+    table = pa.Table.from_pylist([{"uri": o.uri, "size": o.size, "last_modified": o.last_modified}
+                                  for o in chunk], schema=LISTING_SCHEMA)
+    buf = pa.BufferOutputStream()
+    pq.write_table(table, buf, compression="zstd")
+    return buf.getvalue().to_pybytes()
+
+
+def write_listing(folder: str, objects: Sequence[ListedObject], wave_objects: int,
+                  inputs: Sequence[str] = ()) -> Listing:
     """Write the objects (in URI order: an earlier wave holds the smaller URIs, so the copy that dedup keeps
-    is always in the earliest wave that has one) as wave files, then the completeness marker."""
-    waves = count = total = 0
+    is always in the earliest wave that has one) as wave files, then the completeness marker, which records
+    `inputs` (the normalised --input they were listed from) and each wave file's sha256."""
+    count = total = 0
+    digests: list[str] = []
     for chunk in wave_chunks(objects, max(1, wave_objects)):
-        table = pa.Table.from_pylist([{"uri": o.uri, "size": o.size, "last_modified": o.last_modified}
-                                      for o in chunk], schema=LISTING_SCHEMA)
-        buf = pa.BufferOutputStream()
-        pq.write_table(table, buf, compression="zstd")
-        with FileSystems.create(wave_file(folder, waves)) as handle:
-            handle.write(buf.getvalue().to_pybytes())
-        waves, count, total = waves + 1, count + len(chunk), total + sum(max(0, o.size) for o in chunk)
+        data = wave_bytes(chunk)
+        with FileSystems.create(wave_file(folder, len(digests))) as handle:
+            handle.write(data)
+        digests.append(sha256(data))
+        count, total = count + len(chunk), total + sum(max(0, o.size) for o in chunk)
+    listing = Listing(folder, len(digests), count, total, tuple(inputs), tuple(digests))
     # Last, and whole or not at all (a kill before it leaves no marker: the next attempt lists again).
-    marker = layout.join_uri(folder, COMPLETE)
-    local = "://" not in folder or folder.startswith("file://")
-    with FileSystems.create(marker + ".inprogress" if local else marker) as handle:
-        handle.write(f"{waves} {count} {total}\n".encode())
+    write_whole(layout.join_uri(folder, COMPLETE), marker_text(listing).encode())
+    return listing
+
+
+def write_whole(uri: str, data: bytes) -> None:
+    """A file that a reader sees whole or not at all: a temporary name, then a rename (local); one upload
+    that the store makes visible at its end (object stores)."""
+    local = "://" not in uri or uri.startswith("file://")
+    with FileSystems.create(uri + ".inprogress" if local else uri) as handle:
+        handle.write(data)
     if local:
-        FileSystems.rename([marker + ".inprogress"], [marker])
-    return Listing(folder, waves, count, total)
+        FileSystems.rename([uri + ".inprogress"], [uri])
+
+
+def marker_text(listing: Listing) -> str:
+    """Pure: `_LISTED`'s content."""
+    return json.dumps({"format": FORMAT, "inputs": list(listing.inputs or ()), "waves": listing.waves,
+                       "objects": listing.objects, "bytes": listing.bytes, "wave_sha256": list(listing.digests)},
+                      sort_keys=True) + "\n"
+
+
+def parse_marker(folder: str, text: str) -> Listing:
+    """Pure: the listing a marker describes; one that records no inputs or digests (format 1, or not written by
+    pagemill) has `inputs` None: nothing binds it to a run, so it is not trusted."""
+    try:
+        found = json.loads(text)
+        inputs, digests = found["inputs"], found["wave_sha256"]
+        waves, objects, total = (int(found[k]) for k in ("waves", "objects", "bytes"))
+        if found.get("format") != FORMAT or len(digests) != waves or not all(
+                isinstance(x, str) for x in (*inputs, *digests)):
+            raise ValueError("not a bound listing")
+    except (ValueError, TypeError, KeyError, AttributeError):  # json's errors are ValueErrors
+        return Listing(folder, 0, 0, 0)
+    return Listing(folder, waves, objects, total, tuple(inputs), tuple(digests))
 
 
 def read_listing(folder: str) -> Listing | None:
@@ -95,8 +158,23 @@ def read_listing(folder: str) -> Listing | None:
     if not FileSystems.exists(marker):
         return None
     with FileSystems.open(marker) as handle:
-        waves, count, total = (int(x) for x in handle.read().decode().split())
-    return Listing(folder, waves, count, total)
+        return parse_marker(folder, handle.read(1 << 24).decode("utf-8", "replace"))
+
+
+def read_whole(uri: str) -> bytes | None:
+    """A file's bytes, or None when it cannot be read."""
+    try:
+        with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            return handle.read()
+    except Exception:  # noqa: BLE001 - gone or unreadable: either way not the file that was written
+        return None
+
+
+def changed_waves(listing: Listing, waves: Sequence[int] | None = None) -> list[int]:
+    """The waves (all, or those given) whose file's sha256 is not the one recorded (or that are gone)."""
+    chosen = range(listing.waves) if waves is None else waves
+    return [w for w in chosen if (data := read_whole(listing.wave_file(w))) is None
+            or w >= len(listing.digests) or sha256(data) != listing.digests[w]]
 
 
 def mark_done(folder: str, wave: int) -> None:
@@ -126,17 +204,27 @@ class _Submitted(beam.DoFn):
         yield _listed(row)
 
 
+def wave_rows(path: str, digest: str | None) -> Iterator[dict]:
+    """A wave file's rows, read once and checked against its recorded sha256 (None: not checked) as it is read:
+    a file rewritten after the launcher checked it fails the wave rather than feed it."""
+    data = read_whole(path)
+    if data is None or (digest is not None and sha256(data) != digest):
+        raise ListingChanged(f"the listing changed: {path} is not the file written with the listing")
+    yield from pq.read_table(pa.BufferReader(data)).to_pylist()
+
+
 class ReadWave(beam.PTransform):
     """One wave's listed objects, spread over the workers (the listing's role in a wave's pipeline)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, digest: str | None = None) -> None:
         super().__init__()
-        self.path = path
+        self.path, self.digest = path, digest
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         return (
             pbegin
-            | "WaveFile" >> beam.io.ReadFromParquet(self.path)
+            | "WaveFile" >> beam.Create([self.path])
+            | "Read" >> beam.FlatMap(wave_rows, self.digest)
             | "Spread" >> beam.Reshuffle()
             | "Submitted" >> beam.ParDo(_Submitted())
         )

@@ -18,6 +18,10 @@ swapped in could block the read forever), and, when it lies in a folder the list
 one that resolves inside that folder. The listing already refuses a link leading out (`outside_input`); this
 keeps a file swapped for such a link after the listing (or between intake and rendering) from being read
 through it.
+
+With `inputs` (this invocation's `--input` roots, transforms/intake/bounds.py), a URI that lies under none of
+them is refused before anything is opened (`outside_input`): the run's listing is written under the output
+root, where a tenant may write, so what it names is checked, never trusted.
 """
 from __future__ import annotations
 
@@ -60,6 +64,8 @@ class ReadConfig:
     # (folder as listed, made absolute; the same folder resolved): a local object under one is read only if
     # what is opened resolves inside it (transforms/intake/listing.py local_roots)
     local_roots: tuple[tuple[str, str], ...] = ()
+    # this invocation's --input roots: a URI under none of them is never read (None: not checked)
+    inputs: Any = None  # transforms/intake/bounds.py InputRoots (not imported: bounds imports this room's listing)
 
     def botocore_config(self) -> Any:
         from botocore.config import Config
@@ -144,8 +150,18 @@ class ObjectReader:
                 config=c.botocore_config())
         return self._client
 
+    def outside(self, uri: str) -> ReadFailed | None:
+        """The refusal of a URI that lies under none of this run's --input roots, or None."""
+        if self.cfg.inputs is None or self.cfg.inputs.admits(uri):
+            return None
+        return ReadFailed(OUTSIDE_INPUT, "listed, but it lies under none of this run's --input roots "
+                                         "(the run's listing named it): never read")
+
     def read(self, uri: str, limit: int) -> bytes:
         """At most limit + 1 bytes of `uri`. Raises ReadFailed."""
+        refused = self.outside(uri)
+        if refused is not None:
+            raise refused
         if not uri.startswith("s3://"):
             try:
                 return read_local(uri, limit, self.cfg.local_roots) if "://" not in uri else read_capped(uri, limit)

@@ -12,8 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from schemas import layout, tables
-from schemas.statuses import CACHED
+from schemas import kept_row, layout, tables
 from transforms.output.write import write_rows
 
 
@@ -44,11 +43,12 @@ def tenant_files(output: str, table: str, tenant: str) -> list[str]:
         return []
 
 
-def run_tenants(output: str, run_id: str) -> set[str]:
-    """Tenants that have rows under this run id in any table (a run id belongs to one tenant)."""
+def run_tenants(output: str, run_id: str, tenant: str = "*") -> set[str]:
+    """Tenants that have rows under this run id in any table (`tenant`: look in that tenant's folders only).
+    Each tenant's run ids are its own: two tenants may hold the same one, in separate partitions."""
     found = set()
     for table in tables.TABLES:
-        pattern = layout.part_glob(_root(output), table, "*", run_id)
+        pattern = layout.part_glob(_root(output), table, tenant, run_id)
         try:
             paths = _matches(pattern)
         except Exception:  # noqa: BLE001 - nothing written yet
@@ -69,34 +69,28 @@ def clear_run(output: str, tenant: str, run_id: str) -> int:
 
 
 def compact_run(output: str, tenant: str, run_id: str, only: list[str] | None = None) -> dict[str, int]:
-    """Rewrite a run's partitions (`only` these tables) with the latest row per key and delete the old
-    files, so no (run, document, page) ever has two rows. The new file is written before the old ones go."""
+    """Rewrite a run's partitions (`only` these tables) with one row per key, kept by schemas/kept_row.py's
+    rule (the ledger's with every attempt's spend), and delete the old files, so no (run, document, page)
+    ever has two rows. The new file is written before the old ones go. Files written before a column was
+    added read it as null (the schema fills it)."""
     kept: dict[str, int] = {}
     for table in tables.TABLES if only is None else only:
         files = run_files(output, table, tenant, run_id)
         if len(files) < 2:
             continue
         schema = tables.SCHEMAS[table]
-        latest: dict[tuple[Any, ...], dict[str, Any]] = {}
+        by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
         for path in files:
             with FileSystems.open(path) as handle:
                 data = pq.read_table(pa.BufferReader(handle.read()), schema=schema)
             for row in data.to_pylist():
-                key = tuple(row[k] for k in layout.TABLE_KEYS[table])
-                if key not in latest or _rank(row) >= _rank(latest[key]):
-                    latest[key] = row
-        write_rows(layout.partition(output, table, tenant, run_id), schema, list(latest.values()),
+                by_key.setdefault(tuple(row[k] for k in layout.TABLE_KEYS[table]), []).append(row)
+        rows = [kept_row.keep(table, same) for same in by_key.values()]
+        write_rows(layout.partition(output, table, tenant, run_id), schema, rows,
                    name=f"part-compacted-{uuid.uuid4().hex}{layout.PART_SUFFIX}")
         FileSystems.delete(files)
-        kept[table] = len(latest)
+        kept[table] = len(rows)
     return kept
-
-
-def _rank(row: dict[str, Any]) -> tuple[bool, Any]:
-    """Within one run, a row that did the work beats a later `cached` copy of it (a resumed run reuses
-    its own killed attempt's pages): the tokens and cost actually spent must not vanish."""
-    reused = row.get("status") == CACHED or row.get("route") == "cache" or row.get("outcome") == CACHED
-    return (not reused, row["created_at"])
 
 
 def run_failure(err: BaseException) -> str:

@@ -9,6 +9,7 @@ atomically, so readers never see a half-written file and a killed run keeps what
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -22,12 +23,38 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from schemas import tables
+from schemas.kept_row import ATTEMPT_SEQ
 from schemas.layout import PART_SUFFIX, join_uri, partition
 
 log = logging.getLogger(__name__)
 PART_PREFIX = "part-"
 # Progress as Beam counters (every runner's UI shows them): a row is done once it is written.
 DONE_COUNTERS = {"documents": "documents_done", "pages": "pages_done"}
+
+
+def next_seq(now_ns: int, last: int) -> int:
+    """Pure: the next attempt sequence number, the clock's nanoseconds but always past the last one."""
+    return max(now_ns, last + 1)
+
+
+class AttemptSequence:
+    """`attempt_seq` of the rows a writer receives (schemas/kept_row.py): it orders a runner's retry of a
+    bundle after its first attempt even inside one invocation, where every row shares `created_at`. A retry
+    runs after the attempt it replaces failed, so the wall clock orders them, made strictly increasing in
+    the process; rows of one attempt written twice (a flush replayed) keep the number they were given."""
+
+    def __init__(self, clock: Callable[[], int] = time.time_ns) -> None:
+        self.clock = clock
+        self.last = 0
+        self.lock = threading.Lock()  # the writers of a process's worker threads share it
+
+    def __call__(self) -> int:
+        with self.lock:
+            self.last = next_seq(self.clock(), self.last)
+            return self.last
+
+
+ATTEMPTS = AttemptSequence()
 
 
 def part_prefix(wave: int | None) -> str:
@@ -62,8 +89,9 @@ class WriteParquetBundles(beam.DoFn):
     them to a kill. A run killed midway keeps every flushed file, so a resumed run (same run id) does
     only what is missing; it loses at most the rows buffered since the last flush, per writer.
     Local files are written under a temporary name and renamed; an S3 object appears only when its
-    upload completes. A bundle that fails after a flush and is retried writes those rows again: the
-    compaction of a resumed run and the SQL views keep one row per key.
+    upload completes. A bundle that fails after a flush and is retried writes those rows again, each row
+    numbered by the attempt that made it (`attempt_seq`): compaction and the SQL views keep one row per key
+    by schemas/kept_row.py's rule.
     """
 
     def __init__(self, folder: str, table: str, policy: FlushPolicy | None = None,
@@ -88,7 +116,7 @@ class WriteParquetBundles(beam.DoFn):
         now = self.clock()
         if not self.rows:
             self.oldest = now
-        self.rows.append(row)
+        self.rows.append({**row, ATTEMPT_SEQ: ATTEMPTS()})
         if self.policy.due(len(self.rows), now - self.oldest):
             self.flush()
         return iter(())

@@ -15,6 +15,7 @@ import pytest
 
 import pipelines
 from pipelines import cli
+from pipelines.tables import export as export_module
 from tests.pipelines import planted
 from tests.pipelines.planted import BAD_INVOICE, GOOD_INVOICE, page
 
@@ -98,6 +99,70 @@ def test_bad_requests(output: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
     assert code == 2 and not target.exists()
     inside = output / "pages" / "tenant=default" / "run_id=r1" / "part-x.parquet"
     code, _, err = export(capsys, "--output", str(output), "--schema", "invoice", "--to", str(inside))
-    assert code == 2 and "inside the pages table" in err and not inside.exists()
+    assert code == 2 and "inside the output root" in err and not inside.exists()
     with pytest.raises(SystemExit):
         cli.main(["export", "--output", str(output), "--schema", "invoice", "--to", str(target), "--format", "xlsx"])
+
+
+def _tables_and_manifests(output: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in output.rglob("*") if p.is_file()}
+
+
+def test_a_symlink_into_the_output_root_is_refused(output: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Fails before the fix: `--to` was compared as written, so a link (to the file's folder, or the file itself)
+    that leads into a table's partition wrote a Parquet file there, read from then on as that table's rows."""
+    planted.write_manifest(output, "r1", "invoice")
+    before = _tables_and_manifests(output)
+    partition = output / "pages" / "tenant=default" / "run_id=r1"
+    (tmp_path / "exports").symlink_to(partition)
+    (tmp_path / "invoice.parquet").symlink_to(partition / "part-export.parquet")
+    for to in (tmp_path / "exports" / "invoice.parquet", tmp_path / "invoice.parquet"):
+        code, _, err = export(capsys, "--output", str(output), "--schema", "invoice", "--to", str(to))
+        assert code == 2, to
+        assert f"resolves to {partition}" in err and "inside the output root" in err and "Traceback" not in err
+    assert _tables_and_manifests(output) == before  # nothing written, nothing replaced
+    code, _, _ = export(capsys, "--output", str(output), "--schema", "invoice", "--to", str(tmp_path / "x.parquet"))
+    assert code == 0 and pq.read_table(tmp_path / "x.parquet").num_rows == 2  # outside the root: as before
+
+
+@pytest.mark.parametrize("under", ["runs/tenant=default/r1.json", "listings/tenant=default/run_id=r1/x.csv",
+                                   "exports/invoice.parquet"])
+def test_nothing_under_the_output_root(output: Path, capsys: pytest.CaptureFixture[str], under: str) -> None:
+    """Fails before the fix for runs/ and listings/ (only the three tables' folders were guarded): an export over
+    a manifest broke every later `pagemill sql` of the root."""
+    planted.write_manifest(output, "r1", "invoice")
+    before = _tables_and_manifests(output)
+    code, _, err = export(capsys, "--output", str(output), "--schema", "invoice", "--to", str(output / under))
+    assert code == 2 and "inside the output root" in err
+    assert _tables_and_manifests(output) == before
+    assert cli.main(["sql", "--output", str(output), "SELECT count(*) FROM runs"]) == 0
+
+
+def test_tenant_exports_only_that_tenants_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--tenant` selects rows, it is not only checked as a name: acme's export holds acme's two invoices and
+    none of globex's (globex also has a run `r1`, so a filter on the run id alone would let its page through)."""
+    out = tmp_path / "out"
+    planted.write_pages(out, [page(1, GOOD_INVOICE, schema=INVOICE_SCHEMA, tenant="acme"),
+                              page(2, BAD_INVOICE, schema=INVOICE_SCHEMA, tenant="acme"),
+                              page(3, {**GOOD_INVOICE, "vendor_name": "Globex"}, schema=INVOICE_SCHEMA,
+                                   tenant="globex")])
+    for tenant, docs in (("acme", ["d1", "d2"]), ("globex", ["d3"]), (None, ["d1", "d2", "d3"])):
+        target = tmp_path / f"{tenant}.csv"
+        code, _, _ = export(capsys, "--output", str(out), "--schema", "invoice", "--to", str(target),
+                            *(["--tenant", tenant] if tenant else []))
+        assert code == 0
+        rows = list(csv.DictReader(io.StringIO(target.read_text(encoding="utf-8"))))
+        assert sorted(r["doc_sha256"] for r in rows) == docs, tenant
+        assert {r["tenant"] for r in rows} == ({tenant} if tenant else {"acme", "globex"})
+
+
+@pytest.mark.parametrize("output, to, inside", [
+    ("s3://b/out", "s3://b/out/runs/tenant=t/r.json", True), ("s3://b/out/", "s3://b/out", True),
+    ("s3://b/out", "s3://b/out2/x.parquet", False), ("s3://b/out", "s3://c/out/x.parquet", False),
+    ("out", "file://{cwd}/out/x.csv", True), ("out", "{cwd}/elsewhere/../out/listings/x", True),
+    ("file://{cwd}/out", "./out", True), ("out", "outside/x.csv", False), ("out", "s3://out/x.csv", False)])
+def test_target_problem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output: str, to: str, inside: bool) -> None:
+    monkeypatch.chdir(tmp_path)
+    problem = export_module.target_problem(output.format(cwd=tmp_path), to.format(cwd=tmp_path))
+    assert (problem is not None) == inside, problem

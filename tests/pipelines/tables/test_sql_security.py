@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -83,6 +85,20 @@ def test_table_output_escapes_control_characters(output: Path, capsys: pytest.Ca
     assert "s3://b/\\x1b]0;pwned\\x07report\\x1b[2J.pdf" in out and "line one\\rOVERWRITTEN" in out
     assert sql.terminal_safe("tab\there\u202eevil\x9b") == "tab\\there\\u202eevil\\x9b"
     assert sql.terminal_safe("ordinary text, ünïcode, 日本") == "ordinary text, ünïcode, 日本"
+
+
+def test_table_and_csv_escape_every_format_character(output: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Every Cf character of Python's Unicode database and the tag block, one row each (chr() in SQL keeps the
+    # query ASCII); each must print as its Python escape, written here from the code point.
+    points = sorted({c for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Cf"}
+                    | set(range(0xE0000, 0xE0080)))
+    query = f"SELECT x, 'a' || chr(x::INTEGER) || 'b' AS ch FROM unnest({points}) t(x) ORDER BY x"
+    for fmt in ("table", "csv"):
+        code, out, _ = _sql(capsys, output, query, "--format", fmt)
+        assert code == 0 and not {chr(c) for c in points} & set(out), fmt
+        for c in points:
+            shown = f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" if c < 0x10000 else f"\\U{c:08x}"
+            assert f"a{shown}b" in out, (fmt, f"U+{c:04X}")
 
 
 def test_json_output_escapes_control_characters(output: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,8 +3,10 @@ a folder or file another user could have planted. The owner case is tested as tw
 folder is chowned to uid 65534; otherwise os.getuid is made to answer another uid (nothing skips)."""
 from __future__ import annotations
 
+import logging
 import os
 import stat
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,6 +33,17 @@ def plant_as_other_user(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path], Non
     me = os.getuid()
     monkeypatch.setattr(mf.os, "getuid", lambda: me + 1)
     return lambda path: None
+
+
+def squat(folder: Path) -> str:
+    """Another local user's `folder`, made before ours: owned by uid 65534 as root; otherwise open to everyone
+    (mode 0777), which is refused as surely. What the refusal says."""
+    folder.mkdir()
+    if os.geteuid() == 0:
+        os.chown(folder, OTHER_UID, OTHER_UID)
+        return f"owned by uid {OTHER_UID}"
+    folder.chmod(0o777)
+    return "mode 0777"
 
 
 def private(path: Path) -> Path:
@@ -61,6 +74,26 @@ def test_every_worker_computes_the_same_folder_inside_the_base(tmp_path: Path) -
     assert first == mf.service_dir("run-1", SETTINGS, env)
     assert Path(first).parent == tmp_path / "rt" / "pagemill" and Path(first).name.startswith("engine-")
     assert first != mf.service_dir("run-2", SETTINGS, env)
+
+
+def test_a_squatted_base_is_announced_and_replaced_by_a_fresh_private_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Fails before the fix: the folder stayed in the squatted base, and every worker refused it."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # never the machine's own temp folder
+    squatted = tmp_path / f"pagemill-{os.getuid()}"
+    why = squat(squatted)
+    with caplog.at_level(logging.WARNING, logger=mf.__name__):
+        folder = Path(mf.service_dir("run-1", SETTINGS, {}))
+    base = folder.parent
+    assert base.parent == tmp_path and base != squatted and base.name.startswith(f"pagemill-{os.getuid()}-")
+    assert base.stat().st_uid == os.getuid() and stat.S_IMODE(base.stat().st_mode) == 0o700
+    said = caplog.text
+    assert str(squatted) in said and why in said and str(base) in said
+    mf.prepare_folder(folder)  # what a worker does before use, then the service at its start
+    mf.check_folder(folder)
+    assert list(squatted.iterdir()) == []  # nothing of ours went into the squatter's folder
+    again = Path(mf.service_dir("run-1", SETTINGS, {}))
+    assert again.parent != base  # random each time: hence decided once, in the launcher's settings
 
 
 def test_folders_are_created_private(tmp_path: Path) -> None:

@@ -37,3 +37,24 @@ def test_watcher_counts_rows_on_disk(tmp_path: Path) -> None:
     assert (now.documents, now.pages, now.listed, now.wave) == (1, 3, 10, 1)
     watcher.report()
     assert out.getvalue().startswith("pagemill: wave 2/2: 1/10 documents, 3 pages")
+
+
+def test_a_resumed_runs_rate_and_eta_count_only_this_invocations_rows(tmp_path: Path) -> None:
+    """Rows an earlier (killed) invocation wrote are on disk when the watcher starts: the counts include them,
+    the rate and the ETA do not."""
+    def write(table: str, schema: object, n: int, start: int) -> None:
+        rows = [{"run_id": "r", "tenant": "t", "source_uri": f"u{i}", "doc_sha256": f"d{i}", "page_index": 0}
+                for i in range(start, start + n)]
+        write_rows(partition(str(tmp_path), table, "t", "r"), schema, rows)  # type: ignore[arg-type]
+
+    write("documents", tables.DOCUMENTS, 40, 0)  # the killed invocation's rows
+    write("pages", tables.PAGES, 90, 0)
+    now = [1000.0]
+    out = io.StringIO()
+    watcher = ProgressWatcher(str(tmp_path), "t", "r", 60.0, listed=100, out=out, clock=lambda: now[0])
+    write("documents", tables.DOCUMENTS, 10, 40)  # this invocation's, in its first 20 s
+    write("pages", tables.PAGES, 30, 90)
+    now[0] += 20.0
+    watcher.report()
+    # 30 pages / 20 s = 1.5 pages/s; 10 documents / 20 s = 0.5 a second, 100 - 50 left: 100 s.
+    assert out.getvalue() == "pagemill: 50/100 documents, 120 pages, 1.5 pages/s, ETA 100 s\n"

@@ -6,16 +6,19 @@ import datetime as dt
 import errno
 import os
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from pipelines import cli
+from pipelines.tables import sql
 from schemas import tables
 from schemas.layout import partition
 from tests import docmaker
 from transforms.output.run_root import clear_run, compact_run, run_failure, run_files, run_tenants, tenant_files
-from transforms.output.write import write_rows
+from transforms.output.write import FlushPolicy, WriteParquetBundles, write_rows
 
 
 def test_compact_run_keeps_the_latest_row_per_key(tmp_path: Path) -> None:
@@ -41,6 +44,129 @@ def test_compaction_keeps_the_row_that_did_the_work_over_a_later_cached_copy(tmp
     compact_run(str(tmp_path), "t", "r")
     (only,) = run_files(str(tmp_path), "ledger", "t", "r")
     assert [(r["route"], r["cost_usd"]) for r in pq.read_table(only).to_pylist()] == [("model", 0.5)]
+
+
+# One invocation: every row it writes has the same created_at (its start), so only the attempt can order them.
+STARTED = dt.datetime(2026, 12, 3, 2, 0, tzinfo=dt.UTC)
+SPEND = ("image_tokens", "text_tokens", "output_tokens", "attempts", "gpu_seconds", "cost_usd", "api_equivalent_usd")
+
+
+def write_attempt(out: str, table: str, rows: list[dict[str, Any]], name: str) -> None:
+    """`rows` as the real writer writes them (it numbers the attempt), in one part file renamed to `name`,
+    so a test decides how the files sort."""
+    folder = Path(partition(out, table, "t", "r"))
+    before = set(folder.glob("*.parquet")) if folder.exists() else set()
+    writer = WriteParquetBundles(str(folder), table, FlushPolicy(rows=0, seconds=0))
+    writer.setup()
+    writer.start_bundle()
+    for row in rows:
+        list(writer.process({"run_id": "r", "tenant": "t", "created_at": STARTED, **row}))
+    writer.finish_bundle()
+    (new,) = set(folder.glob("*.parquet")) - before
+    new.rename(folder / name)
+
+
+def page(doc: str, index: int, status: str, **more: Any) -> dict[str, Any]:
+    return {"doc_sha256": doc, "source_uri": f"s3://in/{doc}.pdf", "page_index": index, "status": status,
+            "page_hash": f"{doc}-{index}", **more}
+
+
+def spend(doc: str, index: int, route: str, cost: tuple[int, int, int, int, float, float, float]) -> dict[str, Any]:
+    return {"doc_sha256": doc, "source_uri": f"s3://in/{doc}.pdf", "page_index": index, "route": route,
+            **dict(zip(SPEND, cost, strict=True))}
+
+
+ANSWERED = page("a", 0, "ok", extraction='{"total": 12}')
+TIMED_OUT = page("a", 0, "failed", reason_code="engine_timeout", message="no answer within 60 s")
+ANSWERED_COST = (1000, 50, 40, 1, 1.5, 0.25, 0.01)
+TIMED_OUT_COST = (1000, 50, 0, 2, 4.0, 0.5, 0.02)
+# Both attempts' spend, by hand: 1000+1000, 50+50, 40+0, 1+2, 1.5+4.0, 0.25+0.5, 0.01+0.02.
+BOTH_COST = (2000, 100, 40, 3, 5.5, 0.75, 0.03)
+
+
+@pytest.mark.parametrize("ok_file_first", [True, False], ids=["ok-file-sorts-first", "ok-file-sorts-last"])
+@pytest.mark.parametrize("ok_attempt_first", [True, False], ids=["retry-timed-out", "retry-answered"])
+def test_a_replayed_page_keeps_ok_whichever_file_sorts_first_and_the_ledger_keeps_both_attempts_spend(
+        tmp_path: Path, ok_file_first: bool, ok_attempt_first: bool) -> None:
+    # Fails before the fix: every row of the invocation had one created_at, so the file that sorted last won
+    # (a `failed/engine_timeout` row replaced the answer), and the ledger kept one attempt's spend.
+    out = str(tmp_path)
+    attempts = [(ANSWERED, "model", ANSWERED_COST), (TIMED_OUT, "failed", TIMED_OUT_COST)]
+    for pages_row, route, cost in attempts if ok_attempt_first else attempts[::-1]:
+        name = f"part-{'0' if (pages_row is ANSWERED) == ok_file_first else '1'}.parquet"
+        write_attempt(out, "pages", [pages_row], name)
+        write_attempt(out, "ledger", [spend("a", 0, route, cost)], name)
+    con = sql.connect(out, tenant="t", typed=False)  # the views keep the same row, before compaction
+    try:
+        viewed = {t: con.sql(f"SELECT * FROM {t}").to_arrow_table().to_pylist() for t in ("pages", "ledger")}
+    finally:
+        con.close()
+    assert compact_run(out, "t", "r") == {"pages": 1, "ledger": 1}
+    for table in ("pages", "ledger"):
+        (only,) = run_files(out, table, "t", "r")
+        (kept,) = pq.read_table(only).to_pylist()
+        assert viewed[table] == [kept]
+        if table == "pages":
+            assert (kept["status"], kept["extraction"], kept["reason_code"]) == ("ok", '{"total": 12}', None)
+        else:
+            assert kept["route"] == "model"
+            assert tuple(kept[c] for c in SPEND) == pytest.approx(BOTH_COST)
+
+
+@pytest.mark.parametrize("later_file_first", [True, False], ids=["later-sorts-first", "later-sorts-last"])
+def test_among_equals_the_later_attempt_wins_whichever_file_sorts_first(tmp_path: Path, later_file_first: bool) -> None:
+    out = str(tmp_path)
+    for n, sorts_first in ((1, not later_file_first), (2, later_file_first)):  # two answers, in this order
+        name = f"part-{int(not sorts_first)}.parquet"
+        write_attempt(out, "pages", [page("a", 0, "ok", extraction=f'{{"n": {n}}}')], name)
+    con = sql.connect(out, tenant="t", typed=False)
+    try:
+        (viewed,) = con.execute("SELECT extraction FROM pages").fetchall()
+    finally:
+        con.close()
+    compact_run(out, "t", "r")
+    (only,) = run_files(out, "pages", "t", "r")
+    assert [r["extraction"] for r in pq.read_table(only).to_pylist()] == [viewed[0]] == ['{"n": 2}']
+
+
+def test_compaction_keeps_every_page_of_multi_page_documents(tmp_path: Path) -> None:
+    """Keys keep page_index: a retried bundle of two 3-page documents compacts to 6 rows, none collapsed."""
+    out = str(tmp_path)
+    first = [page(d, i, "failed" if (d, i) == ("a", 1) else "ok", extraction="{}") for d in "ab" for i in range(3)]
+    retry = [page("a", i, "ok", extraction="{}") for i in range(3)]  # document a's bundle, run again
+    write_attempt(out, "pages", first, "part-1.parquet")
+    write_attempt(out, "pages", retry, "part-0.parquet")
+    each = (10, 2, 3, 1, 0.5, 0.125, 0.25)
+    write_attempt(out, "ledger", [spend(r["doc_sha256"], r["page_index"], "model", each) for r in first],
+                  "part-1.parquet")
+    write_attempt(out, "ledger", [spend("a", i, "model", each) for i in range(3)], "part-0.parquet")
+    assert compact_run(out, "t", "r") == {"pages": 6, "ledger": 6}
+    (pages,) = (pq.read_table(f).to_pylist() for f in run_files(out, "pages", "t", "r"))
+    assert sorted((r["doc_sha256"], r["page_index"], r["status"]) for r in pages) == [
+        (d, i, "ok") for d in "ab" for i in range(3)]
+    (ledger,) = (pq.read_table(f).to_pylist() for f in run_files(out, "ledger", "t", "r"))
+    costs = {(r["doc_sha256"], r["page_index"]): r["cost_usd"] for r in ledger}
+    # Document a's pages ran twice (0.125 each time), document b's once.
+    assert costs == {("a", 0): 0.25, ("a", 1): 0.25, ("a", 2): 0.25, ("b", 0): 0.125, ("b", 1): 0.125,
+                     ("b", 2): 0.125}
+
+
+def test_compaction_reads_files_written_before_attempt_seq(tmp_path: Path) -> None:
+    """An older release's file (no attempt_seq column) beside this one's: it reads as null and ranks below a
+    numbered attempt of the same invocation; both attempts' spend stays counted."""
+    out = str(tmp_path)
+    older = pa.schema([f for f in tables.LEDGER if f.name != "attempt_seq"])
+    folder = partition(out, "ledger", "t", "r")
+    base = {"run_id": "r", "tenant": "t", "created_at": STARTED}
+    write_rows(folder, older, [{**base, **spend("a", 0, "model", ANSWERED_COST), "stop_reason": "length"}],
+               name="part-9.parquet")
+    write_attempt(out, "ledger", [{**spend("a", 0, "model", TIMED_OUT_COST), "stop_reason": "stop"}],
+                  "part-0.parquet")
+    compact_run(out, "t", "r")
+    (only,) = run_files(out, "ledger", "t", "r")
+    (kept,) = pq.read_table(only).to_pylist()
+    assert kept["stop_reason"] == "stop" and kept["attempt_seq"] is not None
+    assert tuple(kept[c] for c in SPEND) == pytest.approx(BOTH_COST)
 
 
 def test_partitions_keep_tenants_apart(tmp_path: Path) -> None:
