@@ -106,7 +106,8 @@ def run_command(argv: Sequence[str]) -> int:
 
 
 def sql_command(argv: Sequence[str]) -> int:
-    from pipelines.config.storage import add_storage_args, configure, storage_from
+    # No Beam here: `pagemill sql` reads through pyarrow's filesystems, and Beam's import alone costs ~1 s.
+    from pipelines.config.storage import add_storage_args, storage_from
     from pipelines.tables import sql
 
     parser = argparse.ArgumentParser(prog="pagemill sql")
@@ -116,6 +117,7 @@ def sql_command(argv: Sequence[str]) -> int:
     parser.add_argument("--list-queries", action="store_true", help="list the named queries")
     parser.add_argument("--tenant", default=None, help="every view holds this tenant's rows only")
     parser.add_argument("query", nargs="?", help="SQL over the views documents, pages, ledger and runs")
+    add_catalog_args(parser)
     add_storage_args(parser)
     args = parser.parse_args(argv)
     if args.list_queries:
@@ -125,26 +127,39 @@ def sql_command(argv: Sequence[str]) -> int:
         return 0
     if not args.output or (args.query is None) == (args.named is None):
         parser.error("--output and exactly one of QUERY or --query NAME are required")
-    from pipelines.config.options import check_identifier
+    from schemas.layout import check_identifier
 
     bad = check_identifier("--tenant", args.tenant)
     if bad:
         print(f"pagemill sql: {bad}", file=sys.stderr)
         return 2
     storage = storage_from(vars(args))
-    configure(storage)
     try:
+        source = sql.TableSource.of(args.output, args.catalog, args.catalog_namespace, args.catalog_property,
+                                    args.snapshot)
         if args.named:
             from pipelines.tables import queries
 
-            columns, rows = queries.run(args.output, args.named, storage, tenant=args.tenant)
+            columns, rows = queries.run(args.output, args.named, storage, tenant=args.tenant, source=source)
         else:
-            columns, rows = sql.query(args.output, args.query, storage, tenant=args.tenant)
+            columns, rows = sql.query(args.output, args.query, storage, tenant=args.tenant, source=source)
     except Exception as err:  # noqa: BLE001 - DuckDB's message is the useful part
         print(f"pagemill sql: {sql.error_line(err)}", file=sys.stderr)
         return 1
     print(sql.render(columns, rows, args.format))
     return 0
+
+
+def add_catalog_args(parser: argparse.ArgumentParser) -> None:
+    """Read the committed Iceberg tables instead of the Parquet files (docs/lakehouse.md)."""
+    group = parser.add_argument_group("catalog")
+    group.add_argument("--catalog", default=None, help="read the tables committed to this Iceberg catalog "
+                       "(`sqlite`: <output>/catalog.db; a SQLAlchemy URI; a REST catalog's http(s) URI)")
+    group.add_argument("--catalog-namespace", default=None, help="the tables' namespace (default pagemill)")
+    group.add_argument("--catalog-property", action="append", default=None, metavar="KEY=VALUE",
+                       help="a catalog property (a REST catalog's token, ...); repeatable")
+    group.add_argument("--snapshot", type=int, default=None,
+                       help="with --catalog: read every table as of this snapshot's commit (any table's snapshot id)")
 
 
 def estimate_command(argv: Sequence[str]) -> int:

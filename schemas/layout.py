@@ -8,6 +8,8 @@ listing is left to the caller's filesystem (Beam's FileSystems or pyarrow's).
 """
 from __future__ import annotations
 
+import re
+
 # One row per key: the SQL views and the compaction at a run's end keep one row per key by one rule
 # (schemas/kept_row.py), so a retried or resumed run never shows a row twice.
 TABLE_KEYS: dict[str, tuple[str, ...]] = {
@@ -105,3 +107,16 @@ def tenant_of(path: str) -> str | None:
         if part.startswith("tenant="):
             return part.removeprefix("tenant=")
     return None
+
+
+# Run ids, tenants and job names become folder names and file names under the output root.
+IDENTIFIER = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
+IDENTIFIER_RULE = ("letters, digits, '.', '_' and '-' only, not starting with '.', at most 128 characters "
+                   "(no path separators)")
+
+
+def check_identifier(flag: str, value: str | None) -> str | None:
+    """A problem line when `value` is not a safe identifier (None when it is, or is unset)."""
+    if value is None or IDENTIFIER.fullmatch(value):
+        return None
+    return f"{flag} {value!r} is not a valid identifier: use {IDENTIFIER_RULE}"

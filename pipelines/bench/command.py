@@ -170,7 +170,7 @@ def eval_command(argv: Sequence[str]) -> int:
 
 
 def _checked(args: argparse.Namespace, prog: str) -> int:
-    from pipelines.config.options import check_identifier
+    from schemas.layout import check_identifier
 
     bad = check_identifier("--run-id", args.run_id) or check_identifier("--tenant", args.tenant)
     if bad:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import difflib
-import re
 import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,6 +15,8 @@ from typing import Any
 
 import yaml
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+
+from schemas.layout import check_identifier
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
 # Options that take several values; a command line that gives any replaces the job file's list.
@@ -325,17 +326,8 @@ def _resolve_paths(value: Any, base: Path, always: bool) -> Any:
     return prefix + str(candidate) if (always or candidate.exists()) else text
 
 
-# Run ids, tenants and job names become folder names and file names under the output root.
-IDENTIFIER = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
-IDENTIFIER_RULE = ("letters, digits, '.', '_' and '-' only, not starting with '.', at most 128 characters "
-                   "(no path separators)")
-
-
-def check_identifier(flag: str, value: str | None) -> str | None:
-    """A problem line when `value` is not a safe identifier (None when it is, or is unset)."""
-    if value is None or IDENTIFIER.fullmatch(value):
-        return None
-    return f"{flag} {value!r} is not a valid identifier: use {IDENTIFIER_RULE}"
+# Identifiers (run ids, tenants, job names) are checked by schemas/layout.py's rule, which commands that do
+# not load Beam (pagemill sql) share.
 
 
 def check_identifiers(o: Any, job_name: str | None = None) -> list[str]:

@@ -39,7 +39,7 @@ def check_options(o: Any) -> list[str]:
     problems += local_path_problems(o)
     from transforms.store.iceberg import catalog_problems
 
-    problems += catalog_problems(o.catalog, o.output or "", o.catalog_property or ())
+    problems += catalog_problems(o.catalog, o.output or "", o.catalog_property or (), o.catalog_namespace)
     if not o.extract:
         return problems
     looks_local = o.model.startswith(("/", "./", "../", "~")) or o.model.count("/") != 1
@@ -73,10 +73,11 @@ LOCAL_RUNNERS = ("directrunner", "bundlebaseddirectrunner", "switchingdirectrunn
                  "interactiverunner")
 
 
-def workers_elsewhere(runner: Any, environment_type: str | None) -> str | None:
+def workers_elsewhere(runner: Any, environment_type: str | None, job_endpoint: str | None = None) -> str | None:
     """Pure: why the run's SDK workers may not see this machine's files (None when they run here). Dataflow's
     are VMs; DOCKER (portable runners' default) and EXTERNAL environments are containers or worker pools that
-    have only their own files; LOOPBACK and PROCESS workers run on this machine (or the runner's host)."""
+    have only their own files; PROCESS workers run where the runner runs (here only for the local runners and an
+    embedded job service); LOOPBACK workers are the launcher's own process."""
     name = (runner if isinstance(runner, str) else type(runner).__name__ if runner else "DirectRunner").lower()
     name = name.rsplit(".", 1)[-1]
     name = name if name.endswith("runner") else f"{name}runner"
@@ -85,9 +86,13 @@ def workers_elsewhere(runner: Any, environment_type: str | None) -> str | None:
         return f"--runner {runner} runs workers on other machines"
     if env in ("DOCKER", "EXTERNAL") or env.startswith(("BEAM:ENV:DOCKER", "BEAM:ENV:EXTERNAL")):
         return f"--environment_type {env} runs workers that see only their own files"
-    if not env and name not in LOCAL_RUNNERS:
+    if env == "LOOPBACK" or name in LOCAL_RUNNERS:
+        return None
+    if not env:
         return f"--runner {runner} runs workers in Docker containers unless --environment_type says otherwise"
-    return None
+    if name == "portablerunner" and job_endpoint in (None, "", "embed"):
+        return None  # an embedded job service starts its workers on this machine
+    return f"--environment_type {env} starts workers on the hosts of --runner {runner}"
 
 
 def shared(path: str, folders: Sequence[str]) -> bool:
@@ -112,7 +117,8 @@ def local_path_problems(o: Any) -> list[str]:
     write where nobody looks), unless --shared-filesystem says every worker sees it at the same path."""
     from apache_beam.options.pipeline_options import PortableOptions, StandardOptions
 
-    why = workers_elsewhere(o.view_as(StandardOptions).runner, o.view_as(PortableOptions).environment_type)
+    portable = o.view_as(PortableOptions)
+    why = workers_elsewhere(o.view_as(StandardOptions).runner, portable.environment_type, portable.job_endpoint)
     if why is None:
         return []
     return [f"{flag} {path}: a local path, and {why}: use an object store (s3://, gs://), or pass "

@@ -47,9 +47,12 @@ def run(options: Any, storage: Any) -> int:
             print(f"pagemill run: {problem}", file=sys.stderr)
         return 2
     since, until = listing_window(o, job_name, storage)
+    commits = run_commits(o, storage)
     if o.force:
         clear_run(o.output, o.tenant, o.run_id)
         clear_listing(layout.listing_folder(o.output, o.tenant, o.run_id))
+        if commits is not None:
+            commits.cleared()  # the catalog must not point at the files just deleted
     # A run id is the tenant's own: only its own partitions make this a resume (docs/safety.md).
     resuming = o.tenant in run_tenants(o.output, o.run_id, o.tenant)
     before = run_counts(o.output, o.run_id, storage, o.tenant) if resuming else None
@@ -67,7 +70,7 @@ def run(options: Any, storage: Any) -> int:
     try:
         with watcher:
             waves, metrics = run_waves(options, settings, run, listing, since, until, o.force,
-                                       on_wave=lambda wave: setattr(watcher, "wave", wave))
+                                       on_wave=lambda wave: setattr(watcher, "wave", wave), commits=commits)
     except ListingChanged as err:  # a wave file rewritten while the run went on: nothing of it was read
         print(f"pagemill run: {err}", file=sys.stderr)
         return 2
@@ -81,11 +84,20 @@ def run(options: Any, storage: Any) -> int:
         return 1
     wall = time.perf_counter() - t0
     counts, retried = settle(o.output, o.tenant, o.run_id, storage)
+    if commits is not None:
+        try:  # a run without waves commits once, here; with waves, only what the compaction changed
+            commits.run_settled(counts["errors"], wave=0 if listing is None else None)
+        except Exception as err:  # noqa: BLE001 - one clear line
+            from transforms.output.run_root import run_failure
+
+            print(f"pagemill: run {o.run_id}: the catalog commit failed: {run_failure(err)}; the rows are written: "
+                  f"run the same command with --run-id {o.run_id} to commit them", file=sys.stderr)
+            return 1
     manifest = build_manifest(o.run_id, manifest_options(options), counts, metrics, started, dt.datetime.now(dt.UTC))
     code, why = exit_code(counts, o.max_failed_fraction)  # rows are written: now judge them
     manifest.update(resumed=bool(before), exit_code=code, exit_reason=why, retried_rows=retried,
                     waves=waves.as_dict(), this_invocation=invocation(counts, before),
-                    listing=listing and listing.record())
+                    listing=listing and listing.record(), catalog=commits and commits.record())
     uri = write_manifest(o.output, o.tenant, o.run_id, manifest)
     print(summary(counts, wall, o.output, uri, manifest["this_invocation"], waves))
     if o.write_markdown:
@@ -97,6 +109,18 @@ def run(options: Any, storage: Any) -> int:
         print(f"pagemill run: error: {error}", file=sys.stderr)
     print(f"pagemill: exit {code}: {why}", file=sys.stderr if code else sys.stdout)
     return code
+
+
+def run_commits(o: Any, storage: Any) -> Any:
+    """`--catalog`: the run's Iceberg commits (pipelines/run/commits.py), or None."""
+    from transforms.store.iceberg import catalog_config
+
+    config = catalog_config(o.catalog, o.catalog_namespace, o.catalog_property)
+    if config is None:
+        return None
+    from pipelines.run.commits import Commits
+
+    return Commits(config, o.output, storage, o.tenant, o.run_id)
 
 
 def invocation(counts: dict[str, Any], before: dict[str, Any] | None) -> dict[str, int]:

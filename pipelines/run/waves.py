@@ -137,15 +137,22 @@ def listing_for(o: Any, since: float | None, until: float | None, found: Listing
 
 def run_waves(options: Any, settings: Any, run: dict[str, Any], listing: Listing | None,
               since: float | None, until: float | None, force: bool,
-              on_wave: Callable[[int], None] = lambda wave: None) -> tuple[Waves, dict[str, Any]]:
+              on_wave: Callable[[int], None] = lambda wave: None, commits: Any = None) -> tuple[Waves, dict[str, Any]]:
     """Run the pipeline once per unfinished wave (once in all without a listing). Returns what was done
-    and the Beam metrics of every pipeline, summed. Raises what the pipeline raised."""
+    and the Beam metrics of every pipeline, summed. Raises what the pipeline raised. With `commits`
+    (pipelines/run/commits.py, `--catalog`), each wave is committed after its pipeline and before it is marked
+    done; a wave the catalog already holds (a kill between its commit and its mark) is not run again."""
     s, metrics = settings, {}
     done = Waves(total=listing.waves if listing else 1, objects=listing.objects if listing else None)
+    committed = commits.committed_waves() if commits is not None and listing is not None else set()
     with EngineHold(s):  # the machine's engine, once a wave started it, waits for the next wave
-        for wave in _waves(listing, done):
+        for wave in _waves(listing, done, committed):
             on_wave(wave)
             metrics = merge_metrics(metrics, _one_wave(options, s, run, listing, wave, since, until, force))
+            if listing is not None:
+                if commits is not None:
+                    commits.wave_done(wave)
+                mark_done(listing.folder, wave)
             done.ran.append(wave)
     return done, metrics
 
@@ -173,8 +180,6 @@ def _one_wave(options: Any, s: Any, run: dict[str, Any], listing: Listing | None
                              earlier_kept=earlier, prefix=part_prefix(wave))
     result = p.run()
     result.wait_until_finish()
-    if listing is not None:
-        mark_done(listing.folder, wave)
     return stage_metrics(result)
 
 
@@ -220,13 +225,16 @@ class EngineHold:
             self.engine.shutdown()
 
 
-def _waves(listing: Listing | None, done: Waves) -> Iterator[int]:
-    """The waves to run (0 alone without a listing); a finished one is recorded as skipped, never read."""
+def _waves(listing: Listing | None, done: Waves, committed: set[int] = frozenset()) -> Iterator[int]:
+    """The waves to run (0 alone without a listing); a finished one is recorded as skipped, never read. A wave
+    the catalog holds but that was not marked done (killed in between) is finished: marked now."""
     if listing is None:
         yield 0
         return
     for wave in range(listing.waves):
-        if listing.done(wave):
+        if not listing.done(wave) and wave in committed:
+            mark_done(listing.folder, wave)
+        if wave in committed or listing.done(wave):
             done.skipped.append(wave)
         else:
             yield wave

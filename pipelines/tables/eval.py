@@ -347,7 +347,7 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, StorageConfig]:
 
 def command(argv: Sequence[str]) -> int:
     args, storage = parse(argv)
-    from pipelines.config.options import check_identifier  # run ids and tenants are folder names
+    from schemas.layout import check_identifier  # run ids and tenants are folder names
 
     bad = check_identifier("--run-id", args.run_id) or check_identifier("--tenant", args.tenant)
     if bad:

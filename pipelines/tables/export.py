@@ -80,8 +80,8 @@ def target_problem(output: str, to: str) -> str | None:
 
 
 def command(argv: Sequence[str]) -> int:
-    from pipelines.config.options import check_identifier
     from pipelines.config.storage import add_storage_args, configure, storage_from
+    from schemas.layout import check_identifier
 
     parser = argparse.ArgumentParser(prog="pagemill export", description="Write one typed view to a file.")
     parser.add_argument("--output", required=True, help="output root that `pagemill run` wrote")

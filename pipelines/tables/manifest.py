@@ -112,8 +112,11 @@ def manifest_options(options: Any) -> dict[str, Any]:
     own = own_option_names()
     every = options.get_all_options(drop_default=False)
     given = options.get_all_options(drop_default=True)
-    return {k: _redacted(v) for k, v in sorted(every.items())
-            if (k in own or k in given) and k not in CREDENTIAL_OPTIONS}
+    recorded = {k: _redacted(v) for k, v in sorted(every.items())
+                if (k in own or k in given) and k not in CREDENTIAL_OPTIONS}
+    if recorded.get("catalog_property"):  # a REST catalog's token or credential: the keys only
+        recorded["catalog_property"] = [f"{p.split('=', 1)[0]}=***" for p in recorded["catalog_property"]]
+    return recorded
 
 
 def _redacted(value: Any) -> Any:

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow.fs as pafs
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.io.localfilesystem import LocalFileSystem
 
 from transforms.text_safety import terminal_safe
 
@@ -107,6 +105,9 @@ def warn(path: str, why: str) -> None:
 
 def write(uri: str, manifest: Mapping[str, Any]) -> None:
     """Write `manifest` to `uri` whole or not at all (an interrupted write leaves the old file as it was)."""
+    from apache_beam.io.filesystems import FileSystems  # the launcher's; `pagemill sql` never loads Beam for it
+    from apache_beam.io.localfilesystem import LocalFileSystem
+
     data = json.dumps(manifest, indent=1, default=str, sort_keys=True).encode()  # all of it before any file
     if not isinstance(FileSystems.get_filesystem(uri), LocalFileSystem):
         with FileSystems.create(uri) as handle:  # one object: an upload completes whole or leaves nothing

@@ -233,10 +233,11 @@ def listing() -> str:
 
 
 def run(output: str, name: str, storage: StorageConfig | None = None, run_id: str | None = None,
-        tenant: str | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """(columns, rows) of a named query over every run under `output` (or one tenant's), or one run."""
+        tenant: str | None = None, source: sql.TableSource | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """(columns, rows) of a named query over every run under `output` (or one tenant's), or one run; `source`:
+    the committed Iceberg tables instead of the part files."""
     q = get(name)
-    con = sql.connect(output, storage, tenant, read_only=False)
+    con = sql.connect(output, storage, tenant, read_only=False, source=source)
     try:
         con.register("reason_codes", pa.table({"code": list(REASON_CODES), "meaning": list(REASON_CODES.values())}))
         sql.lock(con)  # read-only from here on, like `pagemill sql`

@@ -292,7 +292,7 @@ def command(argv: Sequence[str]) -> int:
     parser.add_argument("--html", required=True, help="the HTML file to write")
     add_storage_args(parser)
     args = parser.parse_args(argv)
-    from pipelines.config.options import check_identifier
+    from schemas.layout import check_identifier
 
     bad = check_identifier("--run-id", args.run_id) or check_identifier("--tenant", args.tenant)
     if bad:

@@ -12,6 +12,7 @@ import csv
 import io
 import json
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import duckdb
@@ -89,8 +90,40 @@ def runs_table(fs: pafs.FileSystem, root: str, tenant: str | None = None) -> pa.
     return pa.Table.from_pylist(records, schema=RUNS)
 
 
+@dataclass(frozen=True)
+class TableSource:
+    """Where `connect` reads the tables: the Parquet part files under the output root (no `catalog`), or the
+    tables an Iceberg catalog committed (transforms/store/iceberg.py), now or as of `snapshot`'s commit."""
+
+    catalog: Any = None  # transforms/store/iceberg.py CatalogConfig
+    snapshot: int | None = None
+
+    @staticmethod
+    def of(output: str, uri: str | None, namespace: str | None = None, properties: Sequence[str] | None = None,
+           snapshot: int | None = None) -> TableSource:
+        """From the command line's `--catalog`, `--catalog-namespace`, `--catalog-property`, `--snapshot`."""
+        from transforms.store.iceberg import catalog_config, catalog_problems
+
+        if snapshot is not None and not uri:
+            raise ValueError("--snapshot reads a catalog's snapshot: give --catalog too")
+        problems = catalog_problems(uri, output, properties or (), namespace)
+        if problems:
+            raise ValueError(problems[0])
+        return TableSource(catalog_config(uri, namespace, properties), snapshot)
+
+    def committed(self, output: str, storage: StorageConfig | None, tenant: str | None) -> dict[str, pa.Table]:
+        """Each table's committed rows (`tenant`'s only, when given)."""
+        from transforms.store import iceberg
+
+        catalog = iceberg.open_catalog(self.catalog, output, storage)
+        ns = self.catalog.namespace
+        as_of = iceberg.pinned_time(catalog, ns, self.snapshot) if self.snapshot is not None else None
+        return {t: iceberg.read_table(catalog, ns, t, tenant, as_of) for t in tables.TABLES}
+
+
 def connect(output: str, storage: StorageConfig | None = None, tenant: str | None = None,
-            read_only: bool = True, typed: bool | str = True) -> duckdb.DuckDBPyConnection:
+            read_only: bool = True, typed: bool | str = True,
+            source: TableSource | None = None) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with views `documents`, `pages`, `ledger` (the kept row per key, by
     schemas/kept_row.py's rule, the one compaction keeps; the ledger's with every attempt's spend), their raw
     rows `documents_all`, `pages_all`, `ledger_all`, and `runs`, over every run under `output`, local or
@@ -101,12 +134,13 @@ def connect(output: str, storage: StorageConfig | None = None, tenant: str | Non
     DuckDB, which needs no httpfs extension. A table with no files yet is an empty view of the right
     shape, so queries work before the first run. `read_only`: file access off, configuration locked."""
     fs, root = arrow_filesystem(output, storage or StorageConfig())
+    committed = source.committed(output, storage, tenant) if source is not None and source.catalog else None
     con = duckdb.connect()
     for table in tables.TABLES:
         schema = tables.SCHEMAS[table]
-        files = table_files(fs, root, table, tenant)
+        files = table_files(fs, root, table, tenant) if committed is None else []
         data: ds.Dataset | pa.Table = ds.dataset(files, schema=schema, filesystem=fs, format="parquet") if files \
-            else pa.Table.from_batches([], schema=schema)
+            else pa.Table.from_batches([], schema=schema) if committed is None else committed[table]
         if tenant is not None and files:
             data = data.filter(ds.field("tenant") == tenant)  # a row written to the wrong folder stays out
         con.register(f"{table}_all", data)
@@ -138,12 +172,12 @@ def duplicate_keys(con: duckdb.DuckDBPyConnection, table: str, tenant: str, run_
     return len(found), found[:limit]
 
 
-def query(output: str, sql: str, storage: StorageConfig | None = None,
-          tenant: str | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
+def query(output: str, sql: str, storage: StorageConfig | None = None, tenant: str | None = None,
+          source: TableSource | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
     try:
-        return _answer(connect(output, storage, tenant, typed=sql), sql)  # only the typed views it names
+        return _answer(connect(output, storage, tenant, typed=sql, source=source), sql)  # the typed views it names
     except duckdb.CatalogException:  # one it names only in a string (`query_table('invoice')`): every view
-        return _answer(connect(output, storage, tenant), sql)
+        return _answer(connect(output, storage, tenant, source=source), sql)
 
 
 def _answer(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:

@@ -61,7 +61,8 @@ def _ip(*args: str) -> None:
 def create(hosts: Sequence[str], tag: str | None = None) -> Cluster:
     """The bridge, one namespace per host with its veth, address and hosts file. On failure, what was made goes."""
     tag = tag or str(os.getpid() % 100_000)
-    cluster = Cluster(tag, f"10.231.{int(tag) % 250}", tuple(hosts))
+    cluster = Cluster(tag, free_subnet(int(tag) % 250), tuple(hosts))
+    destroy(cluster)  # what a killed earlier test process of the same pid may have left
     try:
         _ip("link", "add", cluster.bridge, "type", "bridge")
         _ip("addr", "add", f"{cluster.subnet}.254/24", "dev", cluster.bridge)
@@ -80,6 +81,16 @@ def create(hosts: Sequence[str], tag: str | None = None) -> Cluster:
         destroy(cluster)
         raise
     return cluster
+
+
+def free_subnet(first: int) -> str:
+    """A 10.231.N.0/24 no interface of this machine is on (another test process's bridge, say)."""
+    for n in (*range(first, 250), *range(first)):
+        used = subprocess.run(["ip", "-o", "addr", "show", "to", f"10.231.{n}.0/24"], capture_output=True,
+                              text=True, timeout=30)
+        if not used.stdout.strip():
+            return f"10.231.{n}"
+    raise RuntimeError("no free 10.231.N.0/24 subnet")
 
 
 def processes(cluster: Cluster, host: str) -> list[int]:

@@ -27,11 +27,18 @@ DATAFLOW = ["--runner", "DataflowRunner", "--project", "p", "--region", "r", "--
     ("SparkRunner", "beam:env:external:v1", True),
     ("DirectRunner", "DOCKER", True),  # a container sees its own files, even on this machine
     ("FlinkRunner", "LOOPBACK", False),  # the SDK workers are the launcher's process
-    ("SparkRunner", "PROCESS", False),
+    ("SparkRunner", "PROCESS", True),  # processes on Spark's workers
+    ("PortableRunner", "PROCESS", False),  # started by the embedded job service, on this machine
+    ("DirectRunner", "PROCESS", False),
     ("apache_beam.runners.portability.flink_runner.FlinkRunner", "EXTERNAL", True),
 ])
 def test_which_runners_run_workers_elsewhere(runner: str | None, environment: str | None, elsewhere: bool) -> None:
     assert (workers_elsewhere(runner, environment) is not None) is elsewhere
+    assert (workers_elsewhere(runner, environment, "embed") is not None) is elsewhere
+
+
+def test_process_workers_of_a_remote_job_service_are_elsewhere() -> None:
+    assert workers_elsewhere("PortableRunner", "PROCESS", "jobserver.example:8099") is not None
 
 
 def test_shared_folders_are_whole_path_components(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

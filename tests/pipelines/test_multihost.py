@@ -53,7 +53,8 @@ FLAGS = ["--hints", "text_layer", "--nsfw-classifier", "none", "--kv-cache-gib",
 REMOTE = ["--runner", "PortableRunner", "--job_endpoint", "embed", "--environment_type", "EXTERNAL",
           "--environment_config", f"worker:{POOL_PORT}", "--engine-service", "machine"]
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow,
+# Each test starts two engines on a busy 2-core machine: minutes, not the suite's default 300 s a test.
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900),
               pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)"),
               pytest.mark.skipif(hosts.unavailable() is not None, reason=str(hosts.unavailable()))]
 
@@ -230,11 +231,12 @@ def page_keys(rows_: list[dict[str, Any]], statuses: tuple[str, ...] = ("ok", "c
     return {(r["source_uri"], r["page_index"]) for r in rows_ if r["status"] in statuses}
 
 
-def wait_for_parts(site: Site, bucket: str, prefix: str, proc: Any, log: Path, timeout_s: float = 240) -> None:
-    """Until the run's first part files are on S3 (a mid-run trigger that does not guess at times)."""
+def wait_for_parts(site: Site, bucket: str, prefix: str, proc: Any, log: Path, known: frozenset[str] = frozenset(),
+                   timeout_s: float = 240) -> None:
+    """Until the run's first part files (beyond `known`) are on S3: a mid-run trigger that does not guess at times."""
     def found() -> bool:
         assert proc.poll() is None, f"the run ended before its first part file: {log.read_text()[-3000:]}"
-        return bool(part_files(site, bucket, prefix))
+        return bool(set(part_files(site, bucket, prefix)) - known)
 
     wait_for(f"part files under s3://{bucket}/{prefix}", found, timeout_s)
 
@@ -265,9 +267,9 @@ def test_worker_host_dies_then_the_resume_rides_out_a_storage_outage(site: Site)
     pool = start_pool(site)
     proc, log = launch(site, bucket, "out", run_id, *site.remote(), *flush)
     try:
-        known = set(part_files(site, bucket, "out/pages/"))
-        wait_for("the resume's first part file", lambda: set(part_files(site, bucket, "out/pages/")) - known, 240)
+        wait_for_parts(site, bucket, "out/pages/", proc, log, frozenset(part_files(site, bucket, "out/pages/")))
         hosts.set_link(site.cluster, "storage", up=False)
+        assert proc.poll() is None, "the resume ended before the outage: nothing was drilled"
         time.sleep(10)  # the outage's length, not a wait for a result
         hosts.set_link(site.cluster, "storage", up=True)
         code, text = finish(proc, log)

@@ -265,7 +265,8 @@ def test_unsafe_identifiers_exit_2_and_write_nothing(tmp_path: Path, capsys: pyt
 
 
 def test_identifier_rule_accepts_the_generated_and_usual_ids() -> None:
-    from pipelines.config.options import check_identifier, new_run_id
+    from pipelines.config.options import new_run_id
+    from schemas.layout import check_identifier
 
     for good in (new_run_id(), "nightly-2026.01.02", "acme_corp", "A1"):
         assert check_identifier("--run-id", good) is None, good

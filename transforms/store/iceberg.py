@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ EMBEDDED_FILE = "catalog.db"
 WAREHOUSE = "iceberg"  # where the catalog writes its metadata files, under the output root
 PROPERTY = "pagemill."
 COMMIT_ATTEMPTS = 20
+NAMESPACE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -56,11 +58,15 @@ def catalog_config(uri: str | None, namespace: str | None = None,
     return CatalogConfig(uri=uri, namespace=namespace or DEFAULT_NAMESPACE, properties=pairs)  # type: ignore[arg-type]
 
 
-def catalog_problems(uri: str | None, output: str, properties: Sequence[str] = ()) -> list[str]:
-    """Pure: why `--catalog URI` (with `--catalog-property KEY=VALUE`s) cannot be used with `output`."""
+def catalog_problems(uri: str | None, output: str, properties: Sequence[str] = (),
+                     namespace: str | None = None) -> list[str]:
+    """Pure: why `--catalog URI` (with `--catalog-property KEY=VALUE`s, `--catalog-namespace`) cannot be used
+    with `output`."""
     if not uri:
         return []
     problems = [f"--catalog-property {p!r}: expected KEY=VALUE" for p in properties if "=" not in p[1:]]
+    if namespace is not None and not NAMESPACE.fullmatch(namespace):
+        problems.append(f"--catalog-namespace {namespace!r}: letters, digits and '_', starting with a letter")
     if uri == EMBEDDED:
         if "://" in output and not output.startswith("file://"):
             problems.append(f"--catalog {EMBEDDED}: the embedded catalog is a file under a local output root, and "

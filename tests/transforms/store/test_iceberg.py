@@ -98,7 +98,7 @@ def test_a_table_an_older_release_made_gains_the_new_columns(tmp_path: Path) -> 
                      "wave", 0)
     tbl = _reader(tmp_path).load_table("pagemill.ledger")
     names = [f.name for f in tbl.schema().fields]
-    assert names == older.names + ["cached_prompt_tokens"]  # the new column added (at the end), nothing dropped
+    assert names == [*older.names, "cached_prompt_tokens"]  # the new column added (at the end), nothing dropped
     got = {r["run_id"]: r["cached_prompt_tokens"] for r in tbl.scan().to_arrow().to_pylist()}
     assert got == {"r0": None, "r1": 11}
 
@@ -125,7 +125,7 @@ def test_two_writers_of_different_tenants_both_land(tmp_path: Path) -> None:
     assert errors == []
     tbl = _reader(tmp_path).load_table("pagemill.ledger")
     got = tbl.scan().to_arrow()
-    assert sorted(zip(got.column("tenant").to_pylist(), got.column("doc_sha256").to_pylist())) == \
+    assert sorted(zip(got.column("tenant").to_pylist(), got.column("doc_sha256").to_pylist(), strict=True)) == \
         sorted((t, f"d{i}") for t in files for i in range(8))
     catalog = iceberg.open_catalog(_config(), str(tmp_path))
     for tenant in files:
