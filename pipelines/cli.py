@@ -117,7 +117,7 @@ def sql_command(argv: Sequence[str]) -> int:
     parser.add_argument("--list-queries", action="store_true", help="list the named queries")
     parser.add_argument("--tenant", default=None, help="every view holds this tenant's rows only")
     parser.add_argument("query", nargs="?", help="SQL over the views documents, pages, ledger and runs")
-    add_catalog_args(parser)
+    sql.add_catalog_args(parser)
     add_storage_args(parser)
     args = parser.parse_args(argv)
     if args.list_queries:
@@ -135,8 +135,7 @@ def sql_command(argv: Sequence[str]) -> int:
         return 2
     storage = storage_from(vars(args))
     try:
-        source = sql.TableSource.of(args.output, args.catalog, args.catalog_namespace, args.catalog_property,
-                                    args.snapshot)
+        source = sql.TableSource.from_args(args)
         if args.named:
             from pipelines.tables import queries
 
@@ -148,18 +147,6 @@ def sql_command(argv: Sequence[str]) -> int:
         return 1
     print(sql.render(columns, rows, args.format))
     return 0
-
-
-def add_catalog_args(parser: argparse.ArgumentParser) -> None:
-    """Read the committed Iceberg tables instead of the Parquet files (docs/lakehouse.md)."""
-    group = parser.add_argument_group("catalog")
-    group.add_argument("--catalog", default=None, help="read the tables committed to this Iceberg catalog "
-                       "(`sqlite`: <output>/catalog.db; a SQLAlchemy URI; a REST catalog's http(s) URI)")
-    group.add_argument("--catalog-namespace", default=None, help="the tables' namespace (default pagemill)")
-    group.add_argument("--catalog-property", action="append", default=None, metavar="KEY=VALUE",
-                       help="a catalog property (a REST catalog's token, ...); repeatable")
-    group.add_argument("--snapshot", type=int, default=None,
-                       help="with --catalog: read every table as of this snapshot's commit (any table's snapshot id)")
 
 
 def estimate_command(argv: Sequence[str]) -> int:

@@ -25,7 +25,8 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,10 +69,12 @@ class Waves:
     objects: int | None = None  # listed objects (None: listed inside a single pipeline)
     skipped: list[int] = field(default_factory=list)  # finished before this invocation: not read again
     ran: list[int] = field(default_factory=list)
+    seconds: dict[int, float] = field(default_factory=dict)  # wave -> its wall time, pipeline and commit
 
     def as_dict(self) -> dict[str, Any]:
         return {"total": self.total, "objects": self.objects, "skipped": len(self.skipped),
-                "ran": len(self.ran), "first_ran": self.ran[0] if self.ran else None}
+                "ran": len(self.ran), "first_ran": self.ran[0] if self.ran else None,
+                "seconds": {str(w): s for w, s in sorted(self.seconds.items())}}
 
 
 RELIST = "run with --force to list the inputs again, or choose a new --run-id"
@@ -148,12 +151,14 @@ def run_waves(options: Any, settings: Any, run: dict[str, Any], listing: Listing
     with EngineHold(s):  # the machine's engine, once a wave started it, waits for the next wave
         for wave in _waves(listing, done, committed):
             on_wave(wave)
+            started = time.perf_counter()
             metrics = merge_metrics(metrics, _one_wave(options, s, run, listing, wave, since, until, force))
             if listing is not None:
                 if commits is not None:
                     commits.wave_done(wave)
                 mark_done(listing.folder, wave)
             done.ran.append(wave)
+            done.seconds[wave] = round(time.perf_counter() - started, 3)
     return done, metrics
 
 
@@ -225,7 +230,7 @@ class EngineHold:
             self.engine.shutdown()
 
 
-def _waves(listing: Listing | None, done: Waves, committed: set[int] = frozenset()) -> Iterator[int]:
+def _waves(listing: Listing | None, done: Waves, committed: Container[int] = ()) -> Iterator[int]:
     """The waves to run (0 alone without a listing); a finished one is recorded as skipped, never read. A wave
     the catalog holds but that was not marked done (killed in between) is finished: marked now."""
     if listing is None:

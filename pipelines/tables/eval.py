@@ -279,11 +279,12 @@ def cost_figures(ledger: Mapping[str, Any], correct: int) -> dict[str, Any]:
 
 
 def evaluate(output: str, truth: Sequence[TruthRow], storage: StorageConfig | None = None, run_id: str | None = None,
-             tenant: str | None = None, tolerance: float = NUMBER_TOLERANCE) -> dict[str, Any]:
+             tenant: str | None = None, tolerance: float = NUMBER_TOLERANCE,
+             source: sql.TableSource | None = None) -> dict[str, Any]:
     from pipelines.tables.report import find_run  # the report's rule for "which run" (latest of the tenant)
 
-    tenant, run_id = find_run(output, storage, run_id, tenant)
-    con = sql.connect(output, storage, tenant)
+    tenant, run_id = find_run(output, storage, run_id, tenant, source)
+    con = sql.connect(output, storage, tenant, source=source)
     try:
         rows = con.execute("SELECT source_uri, page_index, status, extraction FROM pages WHERE run_id = ?",
                            [run_id]).fetchall()
@@ -340,6 +341,7 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, StorageConfig]:
                         help="also write the result to DIR/evals/tenant=T/run_id=ID.json (the report shows it)")
     parser.add_argument("--number-tolerance", type=float, default=NUMBER_TOLERANCE,
                         help=f"absolute tolerance for numbers (default {NUMBER_TOLERANCE})")
+    sql.add_catalog_args(parser)
     add_storage_args(parser)
     args = parser.parse_args(argv)  # unknown flags: argparse exits 2
     return args, storage_from({k: v for k, v in vars(args).items() if v})
@@ -361,7 +363,8 @@ def command(argv: Sequence[str]) -> int:
         return 2
     configure(storage)
     try:
-        result = evaluate(args.output, truth, storage, args.run_id, args.tenant, args.number_tolerance)
+        result = evaluate(args.output, truth, storage, args.run_id, args.tenant, args.number_tolerance,
+                          sql.TableSource.from_args(args))
     except (OSError, ValueError) as err:
         print(f"pagemill eval: {err}", file=sys.stderr)
         return 1

@@ -27,10 +27,11 @@ from transforms.text_safety import terminal_safe
 FORMATS = ("parquet", "csv")
 
 
-def read(output: str, schema: str, tenant: str | None = None, storage: StorageConfig | None = None) -> pa.Table:
+def read(output: str, schema: str, tenant: str | None = None, storage: StorageConfig | None = None,
+         source: sql.TableSource | None = None) -> pa.Table:
     """The typed view `schema` (`invoice`, `invoice_line_items`, ... as `typed_views` lists them) over
     every run under `output`, or one tenant's, as an Arrow table. Raises ValueError for an unknown view."""
-    con = sql.connect(output, storage, tenant)
+    con = sql.connect(output, storage, tenant, source=source)
     try:
         known = [v for (v,) in con.execute("SELECT view FROM typed_views ORDER BY view").fetchall()]
         if schema not in known:
@@ -89,6 +90,7 @@ def command(argv: Sequence[str]) -> int:
     parser.add_argument("--to", required=True, help="the file to write (local or s3://)")
     parser.add_argument("--format", choices=FORMATS, default=None, help="default: from --to's suffix, else parquet")
     parser.add_argument("--tenant", default=None, help="this tenant's rows only")
+    sql.add_catalog_args(parser)
     add_storage_args(parser)
     args = parser.parse_args(argv)
     if bad := check_identifier("--tenant", args.tenant):
@@ -101,7 +103,7 @@ def command(argv: Sequence[str]) -> int:
         return 2
     configure(storage)
     try:
-        table = read(args.output, args.schema, args.tenant, storage)
+        table = read(args.output, args.schema, args.tenant, storage, sql.TableSource.from_args(args))
     except ValueError as err:
         print(f"pagemill export: {terminal_safe(str(err))}", file=sys.stderr)
         return 2

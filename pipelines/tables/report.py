@@ -56,10 +56,10 @@ def latest_run(con: duckdb.DuckDBPyConnection) -> tuple[str, str] | None:
 
 
 def find_run(output: str, storage: StorageConfig | None, run_id: str | None,
-             tenant: str | None) -> tuple[str, str]:
+             tenant: str | None, source: sql.TableSource | None = None) -> tuple[str, str]:
     """(tenant, run id) the report is about: the latest run (of `tenant`, when given), or `run_id`,
     whose tenant must be unambiguous."""
-    con = sql.connect(output, storage, tenant)
+    con = sql.connect(output, storage, tenant, source=source)
     try:
         if run_id is None:
             found = latest_run(con)
@@ -156,11 +156,11 @@ def timeline(con: duckdb.DuckDBPyConnection, run_id: str, bins: int = 12) -> lis
 
 
 def collect(output: str, storage: StorageConfig | None = None, run_id: str | None = None,
-            tenant: str | None = None) -> dict[str, Any]:
+            tenant: str | None = None, source: sql.TableSource | None = None) -> dict[str, Any]:
     """Everything the report shows, as one JSON-ready dict. Every figure comes from one tenant's rows:
     the run's (other tenants' runs are not in the views at all)."""
-    tenant, run_id = find_run(output, storage, run_id, tenant)
-    con = sql.connect(output, storage, tenant)
+    tenant, run_id = find_run(output, storage, run_id, tenant, source)
+    con = sql.connect(output, storage, tenant, source=source)
     try:
         outcomes = dict(con.execute("SELECT outcome, count(*) FROM documents WHERE run_id = ? GROUP BY 1",
                                     [run_id]).fetchall())
@@ -290,6 +290,7 @@ def command(argv: Sequence[str]) -> int:
     parser.add_argument("--run-id", default=None, help="the run (default: the latest)")
     parser.add_argument("--tenant", default=None, help="the tenant whose run it is (default: the run's own)")
     parser.add_argument("--html", required=True, help="the HTML file to write")
+    sql.add_catalog_args(parser)
     add_storage_args(parser)
     args = parser.parse_args(argv)
     from schemas.layout import check_identifier
@@ -301,7 +302,7 @@ def command(argv: Sequence[str]) -> int:
     storage = storage_from(vars(args))
     configure(storage)
     try:
-        data = collect(args.output, storage, args.run_id, args.tenant)
+        data = collect(args.output, storage, args.run_id, args.tenant, sql.TableSource.from_args(args))
     except (ValueError, duckdb.Error) as err:
         print(f"pagemill report: {err}", file=sys.stderr)
         return 1

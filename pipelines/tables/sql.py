@@ -90,6 +90,19 @@ def runs_table(fs: pafs.FileSystem, root: str, tenant: str | None = None) -> pa.
     return pa.Table.from_pylist(records, schema=RUNS)
 
 
+def add_catalog_args(parser: Any) -> None:
+    """`--catalog` & co. for the commands that read the tables: the committed Iceberg tables instead of the
+    part files (docs/lakehouse.md)."""
+    group = parser.add_argument_group("catalog")
+    group.add_argument("--catalog", default=None, help="read the tables committed to this Iceberg catalog "
+                       "(`sqlite`: <output>/catalog.db; a SQLAlchemy URI; a REST catalog's http(s) URI)")
+    group.add_argument("--catalog-namespace", default=None, help="the tables' namespace (default pagemill)")
+    group.add_argument("--catalog-property", action="append", default=None, metavar="KEY=VALUE",
+                       help="a catalog property (a REST catalog's token, ...); repeatable")
+    group.add_argument("--snapshot", type=int, default=None,
+                       help="with --catalog: read every table as of this snapshot's commit (any table's snapshot id)")
+
+
 @dataclass(frozen=True)
 class TableSource:
     """Where `connect` reads the tables: the Parquet part files under the output root (no `catalog`), or the
@@ -111,11 +124,17 @@ class TableSource:
             raise ValueError(problems[0])
         return TableSource(catalog_config(uri, namespace, properties), snapshot)
 
+    @staticmethod
+    def from_args(args: Any) -> TableSource:
+        """From `add_catalog_args`' parsed arguments. Raises ValueError (a usage error)."""
+        return TableSource.of(args.output, args.catalog, args.catalog_namespace, args.catalog_property,
+                              args.snapshot)
+
     def committed(self, output: str, storage: StorageConfig | None, tenant: str | None) -> dict[str, pa.Table]:
         """Each table's committed rows (`tenant`'s only, when given)."""
         from transforms.store import iceberg
 
-        catalog = iceberg.open_catalog(self.catalog, output, storage)
+        catalog = iceberg.open_catalog(self.catalog, output, storage, create=False)
         ns = self.catalog.namespace
         as_of = iceberg.pinned_time(catalog, ns, self.snapshot) if self.snapshot is not None else None
         return {t: iceberg.read_table(catalog, ns, t, tenant, as_of) for t in tables.TABLES}

@@ -114,14 +114,30 @@ def catalog_properties(config: CatalogConfig, output: str, storage: Any = None) 
     return props
 
 
-def open_catalog(config: CatalogConfig, output: str, storage: Any = None) -> Any:
+def open_catalog(config: CatalogConfig, output: str, storage: Any = None, create: bool = True) -> Any:
+    """The catalog; with `create` (a run), the embedded catalog's file and the namespace are made when missing.
+    A reader (`create=False`) makes nothing: a missing embedded catalog is a ValueError that says so."""
     from pyiceberg.catalog import load_catalog
 
     if config.uri == EMBEDDED and _local(output):
-        os.makedirs(data_path(output), exist_ok=True)
+        if create:
+            os.makedirs(data_path(output), exist_ok=True)
+        elif not os.path.exists(data_path(layout.join_uri(output, EMBEDDED_FILE))):
+            raise ValueError(f"--catalog {EMBEDDED}: no catalog under {output} (a run with --catalog makes it)")
     catalog = load_catalog(CATALOG_NAME, **catalog_properties(config, output, storage))
-    catalog.create_namespace_if_not_exists(config.namespace)
+    if create:
+        catalog.create_namespace_if_not_exists(config.namespace)
     return catalog
+
+
+def existing_table(catalog: Any, namespace: str, table: str) -> Any:
+    """The table, or None when no run has committed it yet (a reader creates nothing)."""
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    try:
+        return catalog.load_table(f"{namespace}.{table}")
+    except (NoSuchTableError, NoSuchNamespaceError):
+        return None
 
 
 def iceberg_schema(arrow: pa.Schema) -> Any:
@@ -265,7 +281,8 @@ def pinned_time(catalog: Any, namespace: str, snapshot_id: int) -> int:
     """`--snapshot ID`: the commit time (ms) of that snapshot, whichever of the tables it belongs to; every
     table is then read as it was at that moment, so the three agree (a wave commits them one after another)."""
     for table in tables.TABLES:
-        snap = table_for(catalog, namespace, table).snapshot_by_id(snapshot_id)
+        tbl = existing_table(catalog, namespace, table)
+        snap = tbl.snapshot_by_id(snapshot_id) if tbl is not None else None
         if snap is not None:
             return int(snap.timestamp_ms)
     raise ValueError(f"--snapshot {snapshot_id}: no table of namespace {namespace!r} has such a snapshot")
@@ -284,7 +301,9 @@ def read_table(catalog: Any, namespace: str, table: str, tenant: str | None = No
     from pyiceberg.expressions import AlwaysTrue, EqualTo
 
     schema = tables.SCHEMAS[table]
-    tbl = table_for(catalog, namespace, table)
+    tbl = existing_table(catalog, namespace, table)
+    if tbl is None:
+        return pa.Table.from_batches([], schema=schema)
     snapshot_id = snapshot_at(tbl, as_of_ms) if as_of_ms is not None else \
         (tbl.current_snapshot().snapshot_id if tbl.current_snapshot() else None)
     if snapshot_id is None:
