@@ -41,7 +41,7 @@ from pipelines.config.options import PagemillOptions  # noqa: E402
 from pipelines.run.settings import run_settings  # noqa: E402
 from schemas import tables  # noqa: E402
 from schemas.layout import partition  # noqa: E402
-from transforms.output.write import write_rows  # noqa: E402
+from transforms.store.write import write_rows  # noqa: E402
 
 # A hub-id-shaped name that does not exist. A missing *local* path ("/nonexistent/model") is refused by the
 # CLI's pre-flight (pipelines/run/option_checks.py) before the pipeline starts, even when every document is

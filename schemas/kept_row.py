@@ -7,7 +7,7 @@
 The ledger keeps what was spent: its kept row carries the sum of every attempt's spend (SPEND). An attempt is
 one (`created_at`, `attempt_seq`): a row written twice by one attempt (a flush replayed) counts once.
 
-One home for the rule: compaction (transforms/output/run_root.py) keeps rows with `keep`, the SQL views
+One home for the rule: compaction (transforms/store/compaction.py) keeps rows with `keep`, the SQL views
 (pipelines/tables/sql.py) with `view_sql`; both order by the same columns in the same way. Pure.
 """
 from __future__ import annotations

@@ -56,7 +56,7 @@ def part_glob(output: str, table: str, tenant: str = "*", run_id: str = "*") -> 
 
 
 def listing_folder(output: str, tenant: str, run_id: str) -> str:
-    """A run's durable listing, written once and read in waves (transforms/intake/listing_file.py)."""
+    """A run's durable listing, written once and read in waves (transforms/store/listing_file.py)."""
     return join_uri(output, "listings", f"tenant={tenant}", f"run_id={run_id}")
 
 

@@ -132,7 +132,7 @@ def test_the_vocabulary_check_sees_a_missing_or_extra_row() -> None:
 
 # docs/development.md's tree: a line that starts at the margin names a folder (`transforms/model/`) or a file
 # (`transforms/text_safety.py`); the names after it, on that line and the indented ones below, are files in
-# that folder, or paths from the repository root (`transforms/intake/listing_file.py`) or from the folder's
+# that folder, or paths from the repository root (`transforms/store/listing_file.py`) or from the folder's
 # parent room (`intake/timed.py` under `transforms/`).
 FILE_NAME = re.compile(r"(?<![\w./*-])([\w./-]+\.(?:py|json|yaml|html))\b")
 

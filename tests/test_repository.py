@@ -245,3 +245,16 @@ def test_the_citation_pattern_finds_what_it_is_for() -> None:
              "../shared" + "/seeds/0.txt"]
     assert all(OUTSIDE.search(c) for c in cited)
     assert not OUTSIDE.search("../shared/corpus/hostile and lay shared/ beside the clone")
+
+
+# The tables' room (transforms/store/): one module builds the patterns and folders of the tables' part files and
+# lists them; every other module asks it (run_files, tenant_files, table_files ...), so a new sink or reader
+# cannot grow a second way of finding the files.
+TABLE_FILE_NAMES = ("part_glob(", "table_folder(", "is_part_file(")
+
+
+def test_one_module_lists_the_tables_files() -> None:
+    found = sorted(f"{path.relative_to(REPO)}: {name}" for path in _modules("pipelines", "transforms", "benchmarks")
+                   for name in TABLE_FILE_NAMES if name in path.read_text() and
+                   path.relative_to(REPO).as_posix() != "transforms/store/files.py")
+    assert not found, "the tables' part files are listed outside transforms/store/files.py:\n" + "\n".join(found)

@@ -44,8 +44,8 @@ class Commits:
     def wave_done(self, wave: int) -> None:
         """Compact the wave's own files where a key has two rows, then commit the run's partitions."""
         from pipelines.run.retries import IDENTITY
-        from transforms.output.run_root import compact_files, key_problems, read_rows
-        from transforms.output.write import part_prefix
+        from transforms.store.compaction import compact_files, key_problems, read_rows
+        from transforms.store.write import part_prefix
 
         started = time.perf_counter()
         for table in tables.TABLES:
@@ -84,7 +84,7 @@ class Commits:
                 "not_committed": sorted(self.held)}
 
     def _files(self, table: str) -> list[str]:
-        from transforms.output.run_root import run_files
+        from transforms.store.files import run_files
 
         return run_files(self.output, table, self.tenant, self.run_id)
 

@@ -25,10 +25,10 @@ from transforms.intake.reading import ObjectReader
 from transforms.intake.timed import TimedIntakeDoFn
 from transforms.output.cache import ReadEarlierPages, SkipCachedDocuments, SkipDoneDocuments
 from transforms.output.outcome import DocumentOutcomes
-from transforms.output.write import PART_PREFIX, WriteTables
 from transforms.pages.ranges import SplitPageRanges
 from transforms.pages.render import FAILED_PAGES, RenderPagesDoFn
 from transforms.safety.gate import QUARANTINED, DocumentGateDoFn, SafetyGateDoFn
+from transforms.store.write import PART_PREFIX, WriteTables
 
 
 def intake_dofn(s: RunSettings, count: PageCounter = count_pages) -> IntakeDoFn:
@@ -76,7 +76,7 @@ def build_pipeline(p: beam.Pipeline, s: RunSettings, run: Mapping[str, Any],
     (pipelines/run/waves.py) passes its `listing` (its part of the run's written listing), the `documents` files
     of the run's earlier waves (`earlier_kept`: their kept copies make this wave's copies duplicates) and
     its part files' `prefix`; without them the graph lists the inputs itself (one pipeline, `--wave-objects 0`).
-    Progress is watched by the launcher (transforms/output/progress.py), not by a step of the graph: a step
+    Progress is watched by the launcher (pipelines/run/progress.py), not by a step of the graph: a step
     fed by side inputs runs after the stages that make them, at the end."""
     listed = (
         p

@@ -5,7 +5,7 @@ lost worker) writes that bundle's rows again; a resumed run writes a `cached` co
 attempt finished. Both are superseded by design: the run's tables that hold a key twice are compacted to one
 row per key by schemas/kept_row.py's rule (a row that did the work beats a cached copy, which beats a failed
 row; then the later attempt; the ledger's kept row sums every attempt's spend), in
-transforms/output/run_root.py compact_run, and the manifest counts the rows removed as `retried_rows`. Only a
+transforms/store/compaction.py compact_run, and the manifest counts the rows removed as `retried_rows`. Only a
 real contradiction fails the run (exit 1): two rows of one key that name different content, a `documents` key
 with two `doc_sha256` or a `pages` key with two `page_hash` (the object changed under the run, or a bug); those
 keys are reported in the manifest's `errors` and their table's rows stay as they are. The ledger has no content
@@ -55,7 +55,7 @@ def contradictions(output: str, tenant: str, run_id: str, storage: Any, tables: 
 def settle(output: str, tenant: str, run_id: str, storage: Any) -> tuple[dict[str, Any], int]:
     """The run's counts after its superseded rows are compacted away, and how many raw rows were."""
     from pipelines.tables.manifest import run_counts
-    from transforms.output import run_root  # looked up at call time: a test breaks compaction there
+    from transforms.store import compaction  # looked up at call time: a test breaks compaction there
 
     counts = run_counts(output, run_id, storage, tenant)
     twice = [t for t, n in counts["duplicate_keys"].items() if n]
@@ -64,7 +64,7 @@ def settle(output: str, tenant: str, run_id: str, storage: Any) -> tuple[dict[st
     contradicted = contradictions(output, tenant, run_id, storage, twice)
     before = raw_rows(counts)
     # A contradiction's rows stay as they are: the evidence for the error, until someone looks.
-    run_root.compact_run(output, tenant, run_id, only=[t for t in twice if not any(c.startswith(f"{t}:")
+    compaction.compact_run(output, tenant, run_id, only=[t for t in twice if not any(c.startswith(f"{t}:")
                                                                                    for c in contradicted)])
     counts = run_counts(output, run_id, storage, tenant)
     after = raw_rows(counts)

@@ -23,13 +23,14 @@ def run(options: Any, storage: Any) -> int:
     from pipelines.run.local_workers import resolve_local_workers, small_run, usable_cores
     from pipelines.run.option_checks import check_options
     from pipelines.run.preflight import preflight
+    from pipelines.run.progress import ProgressWatcher
     from pipelines.run.retries import settle
     from pipelines.run.settings import run_settings
     from pipelines.run.waves import bound_listing, listing_for, run_waves
     from pipelines.tables.manifest import build_manifest, manifest_options, run_counts, write_manifest
-    from transforms.intake.listing_file import ListingChanged, clear_listing
-    from transforms.output.progress import ProgressWatcher
-    from transforms.output.run_root import clear_run, run_tenants
+    from transforms.store.compaction import clear_run
+    from transforms.store.files import run_tenants
+    from transforms.store.listing_file import ListingChanged, clear_listing
 
     o = options.view_as(PagemillOptions)
     job_name = options.view_as(GoogleCloudOptions).job_name
@@ -75,7 +76,7 @@ def run(options: Any, storage: Any) -> int:
         print(f"pagemill run: {err}", file=sys.stderr)
         return 2
     except Exception as err:  # noqa: BLE001 - one clear line; the runner has logged the traceback
-        from transforms.output.run_root import run_failure
+        from pipelines.run.failure import run_failure
 
         # Not finished: no manifest (a `--since-last-run` nightly must not start after this run), and
         # the rows written so far stay for the resume.
@@ -88,7 +89,7 @@ def run(options: Any, storage: Any) -> int:
         try:  # a run without waves commits once, here; with waves, only what the compaction changed
             commits.run_settled(counts["errors"], wave=0 if listing is None else None)
         except Exception as err:  # noqa: BLE001 - one clear line
-            from transforms.output.run_root import run_failure
+            from pipelines.run.failure import run_failure
 
             print(f"pagemill: run {o.run_id}: the catalog commit failed: {run_failure(err)}; the rows are written: "
                   f"run the same command with --run-id {o.run_id} to commit them", file=sys.stderr)

@@ -24,9 +24,9 @@ from transforms.intake.inspection import IntakeLimits
 from transforms.intake.listing import local_roots
 from transforms.intake.reading import ReadConfig
 from transforms.model.cache_key import settings_key
-from transforms.output.write import FlushPolicy
 from transforms.pages.render import RenderSettings
 from transforms.safety.gate import SafetyConfig
+from transforms.store.write import FlushPolicy
 
 if TYPE_CHECKING:
     from pipelines.config.options import PagemillOptions

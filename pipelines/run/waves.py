@@ -1,5 +1,5 @@
 """Waves: a run's inputs are listed once, by the launcher, into a durable listing under the run
-(transforms/intake/listing_file.py), then processed in waves of at most `--wave-objects` objects, one bounded
+(transforms/store/listing_file.py), then processed in waves of at most `--wave-objects` objects, one bounded
 pipeline each, under the same run id.
 
 Why: a batch runner holds every PCollection that crosses a shuffle (the listing's spread, dedup, the joins)
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas import layout
-from transforms.intake.listing_file import (
+from transforms.store.listing_file import (
     Listing,
     ListingChanged,
     ReadWave,
@@ -168,8 +168,8 @@ def _one_wave(options: Any, s: Any, run: dict[str, Any], listing: Listing | None
     import apache_beam as beam
 
     from pipelines.run import graph  # looked up at call time: tests put a failing builder there
-    from transforms.output.run_root import run_files, tenant_files
-    from transforms.output.write import part_prefix
+    from transforms.store.files import run_files, tenant_files
+    from transforms.store.write import part_prefix
 
     documents = run_files(s.output, "documents", s.tenant, run["run_id"])
     earlier_files = [] if force else tenant_files(s.output, "pages", s.tenant)  # the result cache's source

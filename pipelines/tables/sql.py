@@ -21,8 +21,10 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from pipelines.config.storage import StorageConfig, arrow_filesystem
-from pipelines.tables import manifest_file, typed_views
+from pipelines.tables import typed_views
 from schemas import kept_row, layout, tables
+from transforms.store import manifest_file
+from transforms.store.files import manifest_files, table_files
 from transforms.text_safety import terminal_safe
 
 # Cell text that a spreadsheet would run as a formula (OWASP's list: = + - @, and tab / CR before them).
@@ -33,38 +35,6 @@ RUNS = pa.schema([
     ("model_calls", pa.int64()), ("cost_usd", pa.float64()), ("api_equivalent_usd", pa.float64()),
     ("manifest", pa.string()),
 ])
-
-
-def table_files(fs: pafs.FileSystem, root: str, table: str, tenant: str | None = None) -> list[str]:
-    """Finished Parquet files of one table, or of one tenant's partitions."""
-    selector = pafs.FileSelector(layout.table_folder(root, table, tenant), allow_not_found=True, recursive=True)
-    return sorted(i.path for i in fs.get_file_info(selector)
-                  if i.type == pafs.FileType.File and layout.is_part_file(i.path))
-
-
-def manifest_files(fs: pafs.FileSystem, root: str, tenant: str | None = None) -> list[tuple[str, str | None]]:
-    """(path, the tenant its folder names) of the manifests of `tenant`'s runs (None: every tenant's):
-    `runs/tenant=<t>/<id>.json`, and an old-layout `runs/<id>.json` only for a run id that the tenant's own
-    partitions hold and that has no new-layout manifest of that tenant: a file planted in `runs/` speaks for
-    no one else. (With every tenant's, `runs_table` drops an old-layout file whose tenant has a new one.)"""
-    def jsons(folder: str) -> list[str]:
-        infos = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True, recursive=True))
-        return sorted(i.path for i in infos if i.type == pafs.FileType.File and i.path.endswith(".json"))
-
-    def folder_tenant(path: str) -> str | None:  # the file's own folder only: the root may hold `tenant=` too
-        return layout.tenant_of(path.rsplit("/", 2)[-2])
-
-    runs = layout.join_uri(root, "runs")
-    found = jsons(runs)
-    new = [(path, folder_tenant(path)) for path in found
-           if folder_tenant(path) is not None and tenant in (None, folder_tenant(path))]
-    written = {layout.manifest_run_id(path) for path, _ in new}  # of `tenant`'s own folder, when given
-    owned = {layout.run_id_of(path) for path in table_files(fs, root, "documents", tenant)} if tenant else set()
-    top = runs.rstrip("/")
-    legacy = [(path, None) for path in found if path.rsplit("/", 1)[0] == top
-              and (tenant is None or (layout.manifest_run_id(path) in owned
-                                      and layout.manifest_run_id(path) not in written))]
-    return new + legacy
 
 
 def runs_table(fs: pafs.FileSystem, root: str, tenant: str | None = None) -> pa.Table:

@@ -15,7 +15,7 @@ import sys
 import uuid
 
 from pipelines.run import commits
-from transforms.output.write import part_prefix
+from transforms.store.write import part_prefix
 
 
 def faulty(mode: str, wave: int) -> type[commits.Commits]:

@@ -8,12 +8,13 @@ that left their process group (the machine engine's service starts its own sessi
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,7 +61,8 @@ def _ip(*args: str) -> None:
 
 def create(hosts: Sequence[str], tag: str | None = None) -> Cluster:
     """The bridge, one namespace per host with its veth, address and hosts file. On failure, what was made goes."""
-    tag = tag or str(os.getpid() % 100_000)
+    tag = tag or str(os.getpid())
+    sweep(hosts)
     cluster = Cluster(tag, free_subnet(int(tag) % 250), tuple(hosts))
     destroy(cluster)  # what a killed earlier test process of the same pid may have left
     try:
@@ -81,6 +83,18 @@ def create(hosts: Sequence[str], tag: str | None = None) -> Cluster:
         destroy(cluster)
         raise
     return cluster
+
+
+def sweep(hosts: Sequence[str]) -> None:
+    """Hosts left by test processes that were killed before their teardown (the tag is the creator's pid)."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
+    for tag in stale_tags(listed, lambda pid: Path(f"/proc/{pid}").exists()):
+        destroy(Cluster(tag, "", tuple(hosts)))
+
+
+def stale_tags(listing: str, alive: Callable[[str], bool]) -> set[str]:
+    """Pure: the tags of `ip netns list`'s pm<pid>-<host> namespaces whose creating process is gone."""
+    return {m.group(1) for m in re.finditer(r"^pm(\d+)-\w+", listing, flags=re.M) if not alive(m.group(1))}
 
 
 def free_subnet(first: int) -> str:

@@ -1,5 +1,5 @@
 """Output roots with planted extractions, for the typed views' tests: `pages` rows written with the real
-writer (transforms/output/write.py) and run manifests as `pagemill run` writes them (`options.schema`)."""
+writer (transforms/store/write.py) and run manifests as `pagemill run` writes them (`options.schema`)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -10,7 +10,7 @@ from typing import Any
 from schemas import tables
 from schemas.extraction import schema_hash
 from schemas.layout import manifest_path, partition
-from transforms.output.write import write_rows
+from transforms.store.write import write_rows
 
 T0 = dt.datetime(2026, 11, 1, 9, 0, tzinfo=dt.UTC)
 

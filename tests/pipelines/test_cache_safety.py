@@ -31,8 +31,8 @@ from tests.transforms.output.test_cache_reuse import entry_between, stripes
 from tests.transforms.safety.test_gate import _gradient, encode, photo
 from transforms.engines.simulated import simulated
 from transforms.extract.stage import EngineFactory
-from transforms.output.run_root import tenant_files
 from transforms.safety.classifiers import NudeNetClassifier
+from transforms.store.files import tenant_files
 
 
 def with_vllm(test: Callable[..., None]) -> Callable[..., None]:

@@ -21,7 +21,7 @@ pytest.importorskip("pyiceberg")
 ROOT = Path(__file__).resolve().parents[2]
 RENDER_ONLY = ["--extract", "false", "--nsfw-classifier", "none", "--hints", "none", "--workers", "1",
                "--progress-every-s", "0", "--document-timeout-s", "0", "--page-timeout-s", "0"]
-WAVE_OBJECTS = 4  # 9 objects: waves of 1, 4 and 4 (transforms/intake/listing_file.py first_wave)
+WAVE_OBJECTS = 4  # 9 objects: waves of 1, 4 and 4 (transforms/store/listing_file.py first_wave)
 WAVES = 3
 
 

@@ -37,7 +37,7 @@ def run(inputs: Path, output: Path, *flags: str) -> int:
 
 
 def assert_nothing_half_written(output: Path) -> None:
-    # The run's listing markers (`_LISTED`, `wave-N.done`: transforms/intake/listing_file.py) are whole files too.
+    # The run's listing markers (`_LISTED`, `wave-N.done`: transforms/store/listing_file.py) are whole files too.
     leftovers = [p for p in output.rglob("*") if p.is_file() and not p.name.endswith((".parquet", ".json", ".done"))
                  and p.name != "_LISTED"]
     assert leftovers == []

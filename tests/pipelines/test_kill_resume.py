@@ -186,7 +186,7 @@ class Probes:
 
     def probed(self, *args: Any, **kwargs: Any) -> None:
         from tests.pipelines.test_safety_pipeline import ProbeEngine
-        from transforms.output.write import part_prefix
+        from transforms.store.write import part_prefix
 
         if self.fail_wave is not None and kwargs.get("prefix") == part_prefix(self.fail_wave):
             raise RuntimeError(f"stopped before wave {self.fail_wave}")

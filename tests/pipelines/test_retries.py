@@ -15,7 +15,7 @@ from schemas import tables
 from schemas.layout import partition
 from tests.pipelines.raw import one_row_per, raw_rows
 from tests.pipelines.test_waves import RENDER_ONLY, make_inputs, manifest
-from transforms.output.write import WriteParquetBundles, write_rows
+from transforms.store.write import WriteParquetBundles, write_rows
 
 
 def replay_first_flush(monkeypatch: pytest.MonkeyPatch, table: str) -> list[int]:

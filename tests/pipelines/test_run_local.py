@@ -353,7 +353,7 @@ def test_a_duplicate_raw_row_fails_the_checks_and_the_manifest(tmp_path: Path, m
     from pipelines.tables.manifest import run_counts
     from schemas import tables
     from schemas.layout import partition
-    from transforms.output.write import write_rows
+    from transforms.store.write import write_rows
 
     inputs = _small_folder(tmp_path / "in", 0)
     output = tmp_path / "out"
@@ -380,7 +380,7 @@ def test_a_duplicate_raw_row_fails_the_checks_and_the_manifest(tmp_path: Path, m
 
     # A resume whose compaction is broken (a fault injected here) leaves the duplicate: the run exits 1,
     # says why, and its manifest records the error.
-    monkeypatch.setattr("transforms.output.run_root.compact_run", lambda *a, **k: {})
+    monkeypatch.setattr("transforms.store.compaction.compact_run", lambda *a, **k: {})
     capsys.readouterr()
     assert cli.main(["run", "--input", str(tmp_path / "in"), "--output", str(output), "--extract", "false",
                      "--run-id", "dup", "--progress-every-s", "0", "--workers", "1"]) == 1

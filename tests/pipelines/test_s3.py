@@ -23,7 +23,7 @@ from pipelines.tables import sql
 from schemas import tables
 from tests import docmaker
 from tests.conftest import vllm_available
-from transforms.output.write import write_rows
+from transforms.store.write import write_rows
 
 pytest.importorskip("moto")
 boto3 = pytest.importorskip("boto3")

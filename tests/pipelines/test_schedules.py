@@ -27,7 +27,7 @@ from schemas.layout import partition
 from schemas.records import ListedObject
 from tests import docmaker
 from transforms.intake.listing import in_window
-from transforms.output.write import write_rows
+from transforms.store.write import write_rows
 
 REPO = Path(__file__).resolve().parents[2]
 NIGHTLY = str(REPO / "jobs" / "nightly.yaml")

@@ -19,8 +19,8 @@ from schemas import tables
 from schemas.layout import partition
 from tests import docmaker
 from tests.pipelines.raw import raw_rows
-from transforms.output.run_root import tenant_files
-from transforms.output.write import write_rows
+from transforms.store.files import tenant_files
+from transforms.store.write import write_rows
 
 EARLY = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 LATE = dt.datetime(2026, 1, 2, tzinfo=dt.UTC)

@@ -24,7 +24,7 @@ from tests.conftest import vllm_available
 from tests.pipelines.raw import one_row_per, raw_rows
 from transforms.hints.ocr import OcrResult
 from transforms.intake.dedup import kept_by_sha
-from transforms.intake.listing_file import first_wave, wave_chunks
+from transforms.store.listing_file import first_wave, wave_chunks
 
 ROOT = Path(__file__).resolve().parents[2]
 LIVENESS_S = 300  # a wait for a run to reach a point: far above what it takes, never a speed bound
@@ -211,7 +211,7 @@ def test_a_resume_reads_the_durable_listing_and_reports_this_invocation_only(
     lists once, and the resume reads its written listing. The manifest and the closing lines count what the resume
     did (b and c) apart from what the run holds."""
     from transforms.intake import listing
-    from transforms.output.write import part_prefix
+    from transforms.store.write import part_prefix
 
     inputs = tmp_path / "in"
     inputs.mkdir()

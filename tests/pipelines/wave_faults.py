@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from schemas import tables
-from transforms.output import write
+from transforms.store import write
 
 
 class StopDocuments:
-    """`write_rows` of transforms/output/write.py, stopping before the wave's `n + 1`-th documents row."""
+    """`write_rows` of transforms/store/write.py, stopping before the wave's `n + 1`-th documents row."""
 
     def __init__(self, wave: int, n: int, marker: Path | None = None) -> None:
         self.prefix, self.n, self.marker = write.part_prefix(wave), n, marker

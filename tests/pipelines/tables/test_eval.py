@@ -17,7 +17,7 @@ from schemas.layout import partition
 from tests import docmaker
 from tests.conftest import CORPUS, vllm_available
 from tests.pipelines.raw import one_row_per, raw_rows
-from transforms.output.write import write_rows
+from transforms.store.write import write_rows
 
 REPO = Path(__file__).resolve().parents[3]
 

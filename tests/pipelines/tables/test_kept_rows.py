@@ -17,9 +17,10 @@ from pipelines.tables import queries, sql
 from schemas import tables
 from schemas.extraction import schema_hash
 from schemas.layout import partition
-from tests.transforms.output.test_run_root import page, spend, write_attempt
-from transforms.output.run_root import compact_run, run_files
-from transforms.output.write import write_rows
+from tests.transforms.store.test_compaction import page, spend, write_attempt
+from transforms.store.compaction import compact_run
+from transforms.store.files import run_files
+from transforms.store.write import write_rows
 
 INVOICE_HASH = schema_hash(json.loads((resources.files("schemas.extraction") / "invoice.json").read_text("utf-8")))
 

@@ -1,6 +1,6 @@
 """The manifest's options (pipelines/tables/manifest.py manifest_options): pagemill's own options and the Beam
 flags given, never Beam's other defaults nor a credential; the manifest file read with any content (a reason
-for each malformed kind, never an exception) and written whole or not at all (pipelines/tables/manifest_file.py)."""
+for each malformed kind, never an exception) and written whole or not at all (transforms/store/manifest_file.py)."""
 from __future__ import annotations
 
 import errno
@@ -13,8 +13,8 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 
 from pipelines.config.options import PagemillOptions, own_option_names
-from pipelines.tables import manifest_file
 from pipelines.tables.manifest import manifest_options, write_manifest
+from transforms.store import manifest_file
 
 SECRET = "pagemill-test-secret-manifest"
 
@@ -45,7 +45,7 @@ def test_passwords_in_urls_are_not_recorded() -> None:
     assert SECRET not in repr(recorded) and "tok3n" not in repr(recorded)
 
 
-# Manifests a tenant's folder can hold (pipelines/tables/manifest_file.py): each is skipped with a reason.
+# Manifests a tenant's folder can hold (transforms/store/manifest_file.py): each is skipped with a reason.
 GOOD = {"run_id": "r1", "tenant": "acme", "started_at": "2026-03-01T10:00:00+00:00", "wall_seconds": 2.5,
         "documents": 3, "totals": {"pages": 4, "model_calls": 2, "cost_usd": 0.01, "api_equivalent_usd": 0.1},
         "options": {"tenant": "acme", "schema": "invoice", "job_name": "nightly"},

@@ -16,7 +16,7 @@ from pipelines import cli
 from pipelines.tables import sql
 from schemas import tables
 from schemas.layout import partition
-from transforms.output.write import write_rows
+from transforms.store.write import write_rows
 
 HOSTILE_URI = "s3://b/\x1b]0;pwned\x07report\x1b[2J.pdf"
 FORMULA = "=HYPERLINK(\"http://x.invalid\",\"click\")"

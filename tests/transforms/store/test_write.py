@@ -11,7 +11,7 @@ import pytest
 
 from schemas import tables
 from schemas.layout import partition
-from transforms.output.write import (
+from transforms.store.write import (
     AttemptSequence,
     FlushPolicy,
     WriteParquetBundles,

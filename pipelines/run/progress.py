@@ -1,7 +1,7 @@
 """Progress while a run works: the launching process watches what the run has written (its part files under
 the output root) and prints a line every `--progress-every-s`. It needs nothing from the runner, so it works
 the same on the DirectRunner, a portable runner or Dataflow; the workers count the same figures as Beam
-counters (`pagemill/documents_done`, `pagemill/pages_done`: transforms/output/write.py).
+counters (`pagemill/documents_done`, `pagemill/pages_done`: transforms/store/write.py).
 
 A step of the graph cannot do this: in a batch runner a step fed by side inputs (the listed count, the
 pages total) runs after the stages that make them, so its lines came at the end.
@@ -18,8 +18,6 @@ from typing import IO
 import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
-
-from schemas import layout
 
 
 @dataclass(frozen=True)
@@ -54,12 +52,14 @@ class RowCounter:
     """Rows in one run's part files of one table, reading each new file's footer once."""
 
     def __init__(self, output: str, table: str, tenant: str, run_id: str) -> None:
-        self.glob = layout.part_glob(output, table, tenant, run_id)
+        self.output, self.table, self.tenant, self.run_id = output, table, tenant, run_id
         self.rows: dict[str, int] = {}
 
     def count(self) -> int:
+        from transforms.store.files import run_files
+
         try:
-            paths = [m.path for m in FileSystems.match([self.glob])[0].metadata_list]
+            paths = run_files(self.output, self.table, self.tenant, self.run_id)
         except Exception:  # noqa: BLE001 - nothing written yet
             return sum(self.rows.values())
         for path in paths:

@@ -13,12 +13,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines import cli
+from pipelines.run.failure import run_failure
 from pipelines.tables import sql
 from schemas import tables
 from schemas.layout import partition
 from tests import docmaker
-from transforms.output.run_root import clear_run, compact_run, run_failure, run_files, run_tenants, tenant_files
-from transforms.output.write import FlushPolicy, WriteParquetBundles, write_rows
+from transforms.store.compaction import clear_run, compact_run
+from transforms.store.files import run_files, run_tenants, tenant_files
+from transforms.store.write import FlushPolicy, WriteParquetBundles, write_rows
 
 
 def test_compact_run_keeps_the_latest_row_per_key(tmp_path: Path) -> None:

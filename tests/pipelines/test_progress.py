@@ -5,10 +5,10 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+from pipelines.run.progress import Progress, ProgressWatcher, progress_line
 from schemas import tables
 from schemas.layout import partition
-from transforms.output.progress import Progress, ProgressWatcher, progress_line
-from transforms.output.write import write_rows
+from transforms.store.write import write_rows
 
 
 def test_progress_line_has_totals_rate_wave_and_eta() -> None:

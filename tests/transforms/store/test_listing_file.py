@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from schemas.records import ListedObject
-from transforms.intake.listing_file import (
+from transforms.store.listing_file import (
     ListingChanged,
     changed_waves,
     parse_marker,

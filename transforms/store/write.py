@@ -1,6 +1,6 @@
 """Write: the `documents`, `pages` and `ledger` tables as Parquet, each run's rows in its own (tenant,
 run id) partition (the layout: schemas/layout.py; a run's partitions are listed, cleared and compacted by
-transforms/output/run_root.py).
+transforms/store/compaction.py).
 
 Each table has one Arrow schema (schemas/tables.py). Rows are written as the run goes (every
 `--flush-rows` rows or `--flush-seconds` seconds, and at each bundle's end), each file made visible

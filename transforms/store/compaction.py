@@ -1,0 +1,75 @@
+"""A run's partitions rewritten: `--force`'s clearing and the compaction of retried rows to one row per key, by
+schemas/kept_row.py's rule (pipelines/run/retries.py for a whole run, pipelines/run/commits.py for a wave)."""
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+
+from schemas import kept_row, layout, tables
+from transforms.store.files import _matches, _root, run_files
+from transforms.store.write import write_rows
+
+
+def clear_run(output: str, tenant: str, run_id: str) -> int:
+    """Delete this run's partitions (`--force` over an existing run id starts it afresh)."""
+    removed = 0
+    for table in tables.TABLES:
+        matches = _matches(layout.join_uri(layout.partition(_root(output), table, tenant, run_id), "*"))
+        if matches:
+            FileSystems.delete(matches)
+            removed += len(matches)
+    return removed
+
+
+def compact_run(output: str, tenant: str, run_id: str, only: list[str] | None = None) -> dict[str, int]:
+    """Rewrite a run's partitions (`only` these tables) with one row per key, kept by schemas/kept_row.py's
+    rule (the ledger's with every attempt's spend), and delete the old files, so no (run, document, page)
+    ever has two rows. The new file is written before the old ones go. Files written before a column was
+    added read it as null (the schema fills it)."""
+    kept: dict[str, int] = {}
+    for table in tables.TABLES if only is None else only:
+        files = run_files(output, table, tenant, run_id)
+        if len(files) >= 2:
+            kept[table] = compact_files(output, table, tenant, run_id, files, "part-compacted-")
+    return kept
+
+
+def compact_files(output: str, table: str, tenant: str, run_id: str, files: list[str], prefix: str) -> int:
+    """`files` of one run partition as one file `<prefix><uuid>.parquet` of one row per key (kept by the rule);
+    the new file is written before the old ones go. Returns the rows kept."""
+    schema = tables.SCHEMAS[table]
+    by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in read_rows(files, table):
+        by_key.setdefault(tuple(row[k] for k in layout.TABLE_KEYS[table]), []).append(row)
+    rows = [kept_row.keep(table, same) for same in by_key.values()]
+    write_rows(layout.partition(output, table, tenant, run_id), schema, rows,
+               name=f"{prefix}{uuid.uuid4().hex}{layout.PART_SUFFIX}")
+    FileSystems.delete(files)
+    return len(rows)
+
+
+def read_rows(files: list[str], table: str) -> list[dict[str, Any]]:
+    """Every row of `files`, in the table's schema (a column a file predates reads as null)."""
+    rows: list[dict[str, Any]] = []
+    for path in files:
+        with FileSystems.open(path) as handle:
+            rows += pq.read_table(pa.BufferReader(handle.read()), schema=tables.SCHEMAS[table]).to_pylist()
+    return rows
+
+
+def key_problems(rows: list[dict[str, Any]], table: str, identity: str | None) -> tuple[bool, int]:
+    """Pure: (whether some key has two rows, how many keys have rows that name different `identity` values:
+    contradictions, which are kept as they are, the evidence of an error)."""
+    seen: dict[tuple[Any, ...], set[Any]] = {}
+    twice = False
+    for row in rows:
+        key = tuple(row[k] for k in layout.TABLE_KEYS[table])
+        twice = twice or key in seen
+        values = seen.setdefault(key, set())
+        if identity and row.get(identity) is not None:
+            values.add(row[identity])
+    return twice, sum(1 for v in seen.values() if len(v) > 1)
