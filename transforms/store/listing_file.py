@@ -162,12 +162,13 @@ def read_listing(folder: str) -> Listing | None:
 
 
 def read_whole(uri: str) -> bytes | None:
-    """A file's bytes, or None when it cannot be read."""
-    try:
-        with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-            return handle.read()
-    except Exception:  # noqa: BLE001 - gone or unreadable: either way not the file that was written
+    """A file's bytes, or None when it is gone (not the file that was written). A file that is there but cannot
+    be read raises what the storage raised: a storage failure must say so, not pass for a changed listing (a
+    worker whose filesystem has no credentials once did)."""
+    if not FileSystems.exists(uri):
         return None
+    with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        return handle.read()
 
 
 def changed_waves(listing: Listing, waves: Sequence[int] | None = None) -> list[int]:
