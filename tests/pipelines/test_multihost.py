@@ -209,7 +209,8 @@ def test_a_run_on_another_host_equals_a_one_machine_run(site: Site) -> None:
                                "in/again.pdf": docmaker.invoice_pdf(), "in/bad.pdf": docmaker.truncated_pdf()})
     pool = start_pool(site)
     try:
-        code, log = finish(*launch(site, bucket, "remote", "remote", *site.remote()))
+        # 6 objects in waves of 1 and 5: each wave a job through the embedded job service
+        code, log = finish(*launch(site, bucket, "remote", "remote", *site.remote(), "--wave-objects", "5"))
         assert code == 0, log[-4000:]
     finally:
         site.kill("worker")
@@ -223,8 +224,9 @@ def test_a_run_on_another_host_equals_a_one_machine_run(site: Site) -> None:
             assert remote[key] == local[key], (name, key)
     outcomes = sorted(d["outcome"] for d in table(site, bucket, "remote", "documents").values())
     assert outcomes == sorted(["extracted"] * 4 + ["duplicate", "rejected"])
-    manifest = site.s3.get_object(Bucket=bucket, Key="remote/runs/tenant=default/remote.json")["Body"].read()
-    assert json.loads(manifest)["exit_code"] == 0
+    body = site.s3.get_object(Bucket=bucket, Key="remote/runs/tenant=default/remote.json")["Body"].read()
+    manifest = json.loads(body)
+    assert manifest["exit_code"] == 0 and manifest["waves"]["ran"] == 2
 
 
 def page_keys(rows_: list[dict[str, Any]], statuses: tuple[str, ...] = ("ok", "cached", "duplicate")) -> set[tuple]:
