@@ -1,13 +1,16 @@
 #!/usr/bin/env python
 """Mutation score of the stage modules that changed most (`make mutate`; not part of CI).
 
-Runs mutmut (configured under [tool.mutmut] in pyproject.toml: transforms/engines/feed, engines/machine,
-output/cache, pages/timed, safety/gate and model/prompt, against their fast unit tests only), then prints,
+Runs mutmut (configured under [tool.mutmut] in pyproject.toml: transforms/extract/feed, engines/machine,
+output/cache, document_work/timed, safety/gate and model/prompt; the waves and exactly-once modules
+pipelines/run/waves and retries, store/compaction and progress, store/listing_file, pipelines/tables/typed_views
+and export, extract/stage; each against its fast tests only), then prints,
 per module, how many mutants the tests killed. A mutant that makes the tests time out counts as killed; one
 that no test reaches ("no tests") counts as surviving.
 
     python scripts/mutate.py                               # every module (CPU heavy: nice it)
     python scripts/mutate.py "transforms.model.prompt*"    # one module
+    python scripts/mutate.py "pipelines.run.retries*"      # one module under pipelines/
     python scripts/mutate.py --summary-only                # the table from the last run
 """
 from __future__ import annotations
@@ -24,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 NOT_RUN = {"not checked", "skipped", "check was interrupted by user"}
 # A mutant is `<module>.x_<function>__mutmut_<n>` or `<module>.xǁ<Class>ǁ<method>__mutmut_<n>`.
-LINE = re.compile(r"^\s*(transforms(?:\.\w+)*?)\.x[_ǁ]\S*__mutmut_\d+: (.+?)\s*$")
+LINE = re.compile(r"^\s*((?:transforms|pipelines)(?:\.\w+)*?)\.x[_ǁ]\S*__mutmut_\d+: (.+?)\s*$")
 
 
 def summarise(results: str) -> dict[str, Counter[str]]:
@@ -71,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         children = ["--max-children", str(args.max_children)] if args.max_children > 0 else []
         # mutmut runs the tests from mutants/, one folder deeper: point them at the corpus beside the repository.
         env = {"PAGEMILL_CORPUS": str(REPO.parent / "shared" / "corpus"), **os.environ}
+        # The editable install maps `pipelines`/`transforms` to the checkout's own sources: a test's child process
+        # (a killed run, a CLI call) would import those, unmutated. mutants/ first on its path too.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "mutants"), env.get("PYTHONPATH")) if p)
         # A mutant that breaks the engine service makes its tests wait on answers, not use CPU, so mutmut's
         # CPU-time limit is slow to stop them: a hung test fails (the mutant is killed) after 60 s.
         env["PYTEST_ADDOPTS"] = f"{env.get('PYTEST_ADDOPTS', '')} --timeout=60".strip()
