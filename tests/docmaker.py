@@ -10,6 +10,7 @@ import random
 import struct
 import zlib
 from decimal import Decimal
+from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
@@ -313,3 +314,15 @@ def slow_pdf(n_pages: int, stream_bytes: int = 2_000_000, seed: int = 0) -> byte
     out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
     out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, xref)
     return bytes(out)
+
+
+def pdf_folder(folder: Path, n: int, tag: str = "") -> dict[str, int]:
+    """`n` distinct PDFs of 1 to 3 pages in a new folder (multi-page: a resumed wave must account for each
+    document's pages); their pages by source URI. `tag` makes another folder's documents distinct from these."""
+    folder.mkdir(parents=True)
+    pages = {}
+    for i in range(n):
+        path = folder / f"d{i:03d}.pdf"
+        path.write_bytes(multipage_pdf(1 + i % 3, title=f"Document {tag}{i}"))
+        pages[str(path)] = 1 + i % 3
+    return pages

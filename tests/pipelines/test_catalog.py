@@ -25,16 +25,6 @@ WAVE_OBJECTS = 4  # 9 objects: waves of 1, 4 and 4 (transforms/store/listing_fil
 WAVES = 3
 
 
-def pdfs(folder: Path, n: int, tag: str = "") -> dict[str, int]:
-    """`n` distinct PDFs of 1 to 3 pages; their pages by source URI."""
-    folder.mkdir(parents=True)
-    pages = {}
-    for i in range(n):
-        path = folder / f"d{i:03d}.pdf"
-        path.write_bytes(docmaker.multipage_pdf(1 + i % 3, title=f"Document {tag}{i}"))
-        pages[str(path)] = 1 + i % 3
-    return pages
-
 
 def command(inputs: Path, output: Path, run_id: str, *extra: str, fault: tuple[str, int] | None = None) -> list[str]:
     head = ["-m", "tests.pipelines.catalog_faults", fault[0], str(fault[1])] if fault else ["-m", "pipelines.cli"]
@@ -78,7 +68,7 @@ def test_each_wave_is_one_snapshot_a_table_and_pyiceberg_reads_what_pagemill_sql
     """A bundle of wave 1 replayed before its commit (its pages and ledger rows written twice): the catalog still
     holds one row per key, the same rows `pagemill sql` shows over the part files, one snapshot per table per
     wave; `pagemill sql --catalog --snapshot` reads the tables as that snapshot left them."""
-    pages = pdfs(tmp_path / "in", 9)
+    pages = docmaker.pdf_folder(tmp_path / "in", 9)
     output = tmp_path / "out"
     done = run(command(tmp_path / "in", output, "r1", fault=("replay", 1)))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -115,7 +105,7 @@ def test_killed_around_a_commit_each_wave_is_committed_once(tmp_path: Path) -> N
     """kill -9 after wave 1's files are written and before its commit; resume, killed right after wave 2's commit
     (before the wave is marked done); resume again: every key once in the catalog, one snapshot per wave, and
     wave 2 is not run again (the catalog says it is in)."""
-    pages = pdfs(tmp_path / "in", 9)
+    pages = docmaker.pdf_folder(tmp_path / "in", 9)
     output = tmp_path / "out"
     first = run(command(tmp_path / "in", output, "k", fault=("kill-before-commit", 1)))
     assert first.returncode == -9, first.stderr[-3000:]
@@ -138,7 +128,7 @@ def test_killed_around_a_commit_each_wave_is_committed_once(tmp_path: Path) -> N
 
 
 def test_two_tenants_on_one_catalog_both_commit_every_wave(tmp_path: Path) -> None:
-    pages = {t: pdfs(tmp_path / t, 9, tag=t) for t in ("alpha", "bravo")}
+    pages = {t: docmaker.pdf_folder(tmp_path / t, 9, tag=t) for t in ("alpha", "bravo")}
     output = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = {t: subprocess.Popen(command(tmp_path / t, output, "shared", "--tenant", t), cwd=ROOT, env=env,

@@ -140,17 +140,6 @@ def test_progress_lines_while_the_run_works(tmp_path: Path, monkeypatch: pytest.
     assert all("/12 documents" in line for line in lines)
 
 
-def pdfs(folder: Path, n: int) -> dict[str, int]:
-    """`n` distinct PDFs of 1 to 3 pages (multi-page: a resumed wave must account for each document's pages);
-    their pages by source URI."""
-    folder.mkdir(parents=True)
-    pages = {}
-    for i in range(n):
-        path = folder / f"d{i:03d}.pdf"
-        path.write_bytes(docmaker.multipage_pdf(1 + i % 3, title=f"Document {i}"))
-        pages[str(path)] = 1 + i % 3
-    return pages
-
 
 def pagemill(inputs: Path, output: Path, run_id: str, log: Path, stop: tuple[int, int, Path] | None = None,
              ) -> subprocess.Popen:
@@ -170,7 +159,7 @@ def test_killed_in_the_third_wave_resumes_without_reading_the_first_two(tmp_path
     third wave are on disk; kill -9 there (inside the wave, whatever the machine's speed), then resume: waves 1-2
     are skipped unread (the objects handed to intake are counted), the third wave reads only its 2 documents not
     yet written, and every object and page has one row."""
-    pages = pdfs(tmp_path / "in", 13)
+    pages = docmaker.pdf_folder(tmp_path / "in", 13)
     inputs = sorted(pages)
     output, blocked = tmp_path / "out", tmp_path / "blocked"
     proc = pagemill(tmp_path / "in", output, "k", tmp_path / "first.log", stop=(2, 2, blocked))
