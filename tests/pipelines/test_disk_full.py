@@ -3,7 +3,6 @@ non-zero exit, nothing half-written is left for a reader, and once there is room
 command (same --run-id) finishes the run with one row per key."""
 from __future__ import annotations
 
-import errno
 import os
 import subprocess
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines import cli
 from tests import docmaker
+from tests.disk_faults import FullDisk
 from tests.pipelines.test_kill_resume import assert_one_row_per_key
 
 
@@ -61,22 +61,7 @@ class _FullAfter:
         if ".parquet" not in path:
             return handle
         self.room -= 1
-        if self.room >= 0:
-            return handle
-
-        class Full:
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *exc):
-                handle.close()
-                return False
-
-            def write(self, data: bytes) -> None:
-                handle.write(data[: len(data) // 2])
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-
-        return Full()
+        return handle if self.room >= 0 else FullDisk(handle, path)
 
 
 def test_injected_full_disk_fails_the_run_cleanly_and_the_rerun_finishes_it(

@@ -3,9 +3,7 @@ flags given, never Beam's other defaults nor a credential; the manifest file rea
 for each malformed kind, never an exception) and written whole or not at all (transforms/store/manifest_file.py)."""
 from __future__ import annotations
 
-import errno
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +12,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines.config.options import PagemillOptions, own_option_names
 from pipelines.tables.manifest import manifest_options, write_manifest
+from tests.disk_faults import FullDisk
 from transforms.store import manifest_file
 
 SECRET = "pagemill-test-secret-manifest"
@@ -95,20 +94,7 @@ class _FailsHalfway:
         if not self.armed or ".json" not in path:
             return handle
         self.armed = False
-
-        class Full:
-            def __enter__(self) -> Full:
-                return self
-
-            def __exit__(self, *exc: Any) -> bool:
-                handle.close()
-                return False
-
-            def write(self, data: bytes) -> None:
-                handle.write(data[: len(data) // 2])
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-
-        return Full()
+        return FullDisk(handle, path)
 
 
 def test_an_interrupted_manifest_write_leaves_the_old_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import errno
-import os
 from pathlib import Path
 
 import apache_beam as beam
@@ -11,6 +10,7 @@ import pytest
 
 from schemas import tables
 from schemas.layout import partition
+from tests.disk_faults import FullDisk
 from transforms.store.write import (
     AttemptSequence,
     FlushPolicy,
@@ -181,23 +181,8 @@ class _FullDisk:
         self.real = real
 
     def __call__(self, path: str, *args, **kwargs):
-        handle = self.real(path, *args, **kwargs)
-        outer = self
-
-        class Handle:
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *exc):
-                handle.close()
-                return False
-
-            def write(self, data: bytes) -> None:
-                handle.write(data[: len(data) // 2])
-                outer.partial = path
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-
-        return Handle()
+        self.partial = path
+        return FullDisk(self.real(path, *args, **kwargs), path)
 
 
 def test_a_full_disk_leaves_no_half_written_file(tmp_path: Path, monkeypatch) -> None:
