@@ -52,12 +52,14 @@ def compact_files(output: str, table: str, tenant: str, run_id: str, files: list
     return len(rows)
 
 
-def read_rows(files: list[str], table: str) -> list[dict[str, Any]]:
-    """Every row of `files`, in the table's schema (a column a file predates reads as null)."""
+def read_rows(files: list[str], table: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every row of `files` (only `columns`, when given), in the table's schema (a column a file predates reads
+    as null)."""
     rows: list[dict[str, Any]] = []
     for path in files:
         with FileSystems.open(path) as handle:
-            rows += pq.read_table(pa.BufferReader(handle.read()), schema=tables.SCHEMAS[table]).to_pylist()
+            rows += pq.read_table(pa.BufferReader(handle.read()), schema=tables.SCHEMAS[table],
+                                  columns=columns).to_pylist()
     return rows
 
 
