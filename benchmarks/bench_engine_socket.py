@@ -5,7 +5,7 @@ Renders corpus PDFs with the page stage's own function (transforms.pages.render.
 that answers at once (no vLLM; the socket is what is measured):
   - baseline: the framing before issue 26 (`baseline_submit` / `baseline_serve`, kept here): the worker
     pickles (mode, size, raw RGB pixels) with conn.send, the service unpickles and Image.frombytes;
-  - frames: the real worker (transforms.engines.machine.RemoteEngine) and the real service loop
+  - frames: the real worker (transforms.engines.vllm_machine.engine.VllmMachineEngine) and the real service loop
     (machine.serve): a JSON header + the page's encoded bytes, decoded and sized in the service by
     templated.page_pixels.
 Both paths get the decoded page before the clock (the worker's prepare decodes it in both: the budget needs
@@ -39,11 +39,12 @@ from PIL import Image  # noqa: E402
 from schemas.records import DocumentRecord, PageImage  # noqa: E402
 from tests.conftest import corpus_dir  # noqa: E402
 from transforms.child_process import python_argv  # noqa: E402
-from transforms.engines import machine_wire as wire  # noqa: E402
 from transforms.engines.base import Answer, Completion, PageSource, Prepared, Sampling  # noqa: E402
-from transforms.engines.local import EngineSettings  # noqa: E402
-from transforms.engines.machine import SOCKET, RemoteEngine, serve  # noqa: E402
-from transforms.engines.templated import page_pixels  # noqa: E402
+from transforms.engines.vllm_local.settings import VllmLocalSettings  # noqa: E402
+from transforms.engines.vllm_machine import wire  # noqa: E402
+from transforms.engines.vllm_machine.engine import SOCKET, VllmMachineEngine, serve  # noqa: E402
+from transforms.engines.vllm_machine.settings import VllmMachineSettings  # noqa: E402
+from transforms.engines.vllm_shared.templated import page_pixels  # noqa: E402
 from transforms.pages.render import RenderSettings, render_document  # noqa: E402
 
 FIELDS = {"temperature": 0.0, "top_p": 1.0, "max_tokens": 64, "json": {"type": "object"}}
@@ -164,15 +165,16 @@ def run_baseline(pages: list[tuple[PageImage, Image.Image]], directory: Path, in
     return figures(sent, worker, service, len(pages))
 
 
-class BenchRemoteEngine(RemoteEngine):
+class BenchRemoteEngine(VllmMachineEngine):
     def service_argv(self) -> list[str]:
         return python_argv(str(Path(__file__).resolve()), "--serve-frames", str(self.directory))
 
 
 def run_frames(pages: list[tuple[PageImage, Image.Image]], directory: Path, in_flight: int) -> dict[str, float]:
-    settings = EngineSettings(model="stub", model_revision=None, max_model_len=8192, max_num_seqs=4,
+    local = VllmLocalSettings(model="stub", model_revision=None, max_model_len=8192, max_num_seqs=4,
                               gpu_memory_utilization=0.9, tensor_parallel_size=1, limit_mm_per_prompt=1,
-                              kv_cache_gib=None, enforce_eager=True, service_dir=str(directory))
+                              kv_cache_gib=None, enforce_eager=True)
+    settings = VllmMachineSettings(local, str(directory))
     engine = BenchRemoteEngine(settings)
     warm = Image.new("RGB", (8, 8))
     warmup = Prepared({"prompt": "warm", "multi_modal_data": {"image": warm}}, 0, 8, 8)

@@ -27,7 +27,7 @@ if str(REPO) not in sys.path:
 from pipelines.config.options import PagemillOptions  # noqa: E402
 from pipelines.config.storage import StorageConfig  # noqa: E402
 from pipelines.estimate.estimate import estimate  # noqa: E402
-from tests import docmaker  # noqa: E402
+from tests.support import docmaker  # noqa: E402
 
 
 def make_corpus(root: Path, n: int) -> dict[str, int]:

@@ -1,10 +1,10 @@
 """Extraction-stage throughput and cost: rendered pages through the vLLM engine, no Beam.
 
-Renders N pages (generated invoices and report pages from tests/docmaker.py, or pages taken from the PDFs
+Renders N pages (generated invoices and report pages from tests/support/docmaker.py, or pages taken from the PDFs
 and images under --input) with transforms.pages.render.render_document, keys them with
 transforms.extract.stage.make_task (one page per cache key, as the pipeline does), starts a
-transforms.engines.local.Engine, extracts one warm-up page outside the timed part, then streams the pages
-through transforms.extract.feed (the pipeline's feed: one request per page, at most --max-in-flight pages in
+transforms.engines.vllm_local.engine.VllmLocalEngine, extracts one warm-up page outside the timed part, then streams
+the pages through transforms.extract.feed (the pipeline's feed: one request per page, at most --max-in-flight pages in
 flight) and prints:
 
   engine start seconds, pages, pages/s, prompt and output tokens/s (the engine's own token counts), the
@@ -44,8 +44,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from schemas.extraction import load_schema  # noqa: E402
 from schemas.records import DocumentRecord, ExtractionResult, ListedObject, PageImage, PageTask  # noqa: E402
-from tests.transforms.extract.feeding import extract_all  # noqa: E402
-from transforms.engines.local import Engine, EngineSettings, is_cpu_platform  # noqa: E402
+from tests.support.feeding import extract_all  # noqa: E402
+from transforms.engines.vllm_local.engine import VllmLocalEngine  # noqa: E402
+from transforms.engines.vllm_local.settings import VllmLocalSettings  # noqa: E402
+from transforms.engines.vllm_local.vllm_args import is_cpu_platform  # noqa: E402
 from transforms.extract.stage import ExtractConfig, make_task, to_rows  # noqa: E402
 from transforms.intake.inspection import IntakeLimits, inspect_document  # noqa: E402
 from transforms.model import budget  # noqa: E402
@@ -63,10 +65,10 @@ JSON_KEYS = ("bench", "platform", "device", "model", "model_family", "schema", "
              "max_side", "max_tokens", "max_num_seqs", "kv_cache_gib", "total_s")
 
 
-class TimedEngine(Engine):
+class TimedEngine(VllmLocalEngine):
     """The real engine, counting the requests submitted to it."""
 
-    def __init__(self, settings: EngineSettings) -> None:
+    def __init__(self, settings: VllmLocalSettings) -> None:
         self.requests = 0
         super().__init__(settings)
 
@@ -129,7 +131,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def generated_documents(pages: int) -> Iterator[tuple[str, bytes]]:
     """About half one-page invoices (each its own seed), the rest pages of one report: `pages` pages."""
-    from tests import docmaker
+    from tests.support import docmaker
 
     invoices = math.ceil(pages / 2)
     for seed in range(invoices):
@@ -158,12 +160,12 @@ def render_pages(documents: Iterator[tuple[str, bytes]], settings: RenderSetting
                 yield page
 
 
-def collect_tasks(pages: Iterator[PageImage], want: int, engine: EngineSettings,
+def collect_tasks(pages: Iterator[PageImage], want: int, engine: VllmLocalSettings,
                   cfg: ExtractConfig) -> list[PageTask]:
     """The first `want` pages with distinct cache keys: the pipeline extracts each key once."""
     tasks: dict[str, PageTask] = {}
     for page in pages:
-        key, task = make_task(page, engine, cfg)
+        key, task = make_task(page, cfg)
         tasks.setdefault(key, task)
         if len(tasks) == want:
             break
@@ -188,7 +190,7 @@ def device_name(cpu: bool) -> str:
         return "gpu"
 
 
-def tally(tasks: Sequence[PageTask], results: Sequence[ExtractionResult], engine: EngineSettings,
+def tally(tasks: Sequence[PageTask], results: Sequence[ExtractionResult], engine: VllmLocalSettings,
           cfg: ExtractConfig) -> Figures:
     f = Figures(pages=len(results))
     for task, r in zip(tasks, results, strict=True):
@@ -200,7 +202,7 @@ def tally(tasks: Sequence[PageTask], results: Sequence[ExtractionResult], engine
         f.text_tokens += r.text_tokens
         f.output_tokens += r.output_tokens
         # The ledger's own hosted-API figure for this page (its first row; copies cost nothing).
-        first = next(to_rows((task, r), engine, cfg))
+        first = next(to_rows((task, r), cfg))
         f.api_usd += first.api_equivalent_usd
     return f
 
@@ -209,7 +211,7 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
     started = time.perf_counter()
     cpu = is_cpu_platform()
     kv_cache_gib = args.kv_cache_gib if args.kv_cache_gib is not None else (1.0 if cpu else None)
-    settings = EngineSettings(
+    settings = VllmLocalSettings(
         model=model, model_revision=args.model_revision or ("local" if Path(model).exists() else None),
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs or (16 if cpu else 256),
         gpu_memory_utilization=args.gpu_memory_utilization, tensor_parallel_size=args.tensor_parallel_size,
@@ -233,7 +235,7 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
         print(f"note: only {len(tasks)} distinct pages found (asked for {args.pages})", file=sys.stderr)
     warm: list[PageTask] = []
     if args.warmup:
-        from tests import docmaker
+        from tests.support import docmaker
 
         warm_docs = ((f"warmup/invoice-{i}.pdf", docmaker.invoice_pdf(WARMUP_SEED + i)) for i in range(args.warmup))
         warm = collect_tasks(render_pages(warm_docs, render), args.warmup, settings, cfg)

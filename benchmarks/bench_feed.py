@@ -44,7 +44,7 @@ PAGES_PER_PDF = 50
 
 
 def make_inputs(kind: str, pages: int, folder: Path) -> None:
-    from tests import docmaker
+    from tests.support import docmaker
 
     folder.mkdir(parents=True)
     if kind == "digital":  # distinct text PDFs of PAGES_PER_PDF pages: every page its own cache key

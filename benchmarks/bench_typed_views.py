@@ -3,7 +3,7 @@
 The typed views (pipelines/tables/typed_views.py) make one view per extraction schema on every connection;
 a deep and wide user schema made main's views' SQL grow with depth x width (80 KiB: 6.1 s and 1.6 GB; 156 KiB:
 16-20 s and 4.1 GB, and DuckDB then refused the view). This plants an output root per schema size with the
-real writer (tests/pipelines/planted.py): one `ok` page of a generated schema (`deep_wide_schema`: objects
+real writer (tests/support/planted.py): one `ok` page of a generated schema (`deep_wide_schema`: objects
 nested `--depth` levels, each with about `width` typed properties and a list of objects, widened until the file
 reaches the size asked for) and a manifest naming the file, as `pagemill run --schema FILE` leaves them. Then it
 runs `pagemill sql --output ROOT "SELECT 1"` in a fresh process per size, once with this checkout and once
@@ -70,7 +70,7 @@ def example(schema: dict[str, Any]) -> Any:
 
 def plant(root: Path, kib: int, depth: int) -> Path:
     """An output root after a run with a `kib` KiB user schema: one `ok` page and the run's manifest."""
-    from tests.pipelines import planted
+    from tests.support import planted
 
     schema = schema_of_size(kib, depth)
     path = root / f"deep_wide_{kib}.json"

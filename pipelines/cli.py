@@ -6,6 +6,8 @@ import json
 import logging
 import os
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -44,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "make-test-model":
         return make_test_model_command(rest)
     if command == "presets":
-        from transforms.model.presets import listing
+        from pipelines.config.presets import listing
 
         print(listing())
         return 0
@@ -63,9 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_command(argv: Sequence[str]) -> int:
     """Parse the run's flags (command line, --job file, --preset, storage) and hand them to pipelines/run/run.py."""
     from pipelines.config.options import OptionError, PagemillOptions, merge_flags
+    from pipelines.config.presets import with_preset
     from pipelines.config.storage import add_storage_args, storage_from
     from pipelines.run.local_workers import local_workers_flags, usable_cores
-    from transforms.model.presets import with_preset
 
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--job", default=None)
@@ -198,7 +200,31 @@ def entry() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:
         handler.addFilter(_QuietImports())
-    sys.exit(main())
+    leave(main())
+
+
+EXIT_GRACE_S = 10.0
+
+
+def leave(code: int, grace_s: float = EXIT_GRACE_S) -> None:
+    """Exit with `code`. A runner thread that outlived its job (the embedded job service's, once a lost worker
+    pool's job was cancelled: pipelines/run/pool_watch.py) would hold the interpreter's exit forever; the
+    launcher gives such threads `grace_s`, then leaves without them (everything it writes is written)."""
+    deadline = time.monotonic() + grace_s
+    for thread in _outliving():
+        thread.join(max(0.0, deadline - time.monotonic()))
+    left = _outliving()
+    if left:
+        print(f"pagemill: leaving {len(left)} runner thread(s) that did not end ({', '.join(t.name for t in left)})",
+              file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def _outliving() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.is_alive() and not t.daemon and t is not threading.main_thread()]
 
 
 if __name__ == "__main__":

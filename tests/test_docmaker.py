@@ -1,4 +1,4 @@
-"""Each maker in tests/docmaker.py gives a file that opens, or fails to open, the way its tests rely on."""
+"""Each maker in tests/support/docmaker.py gives a file that opens, or fails to open, the way its tests rely on."""
 from __future__ import annotations
 
 import importlib.util
@@ -13,7 +13,7 @@ import pypdfium2 as pdfium
 import pytest
 from PIL import Image, ImageOps
 
-from tests import docmaker
+from tests.support import docmaker
 
 ROOT = Path(__file__).resolve().parents[1]
 

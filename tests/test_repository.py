@@ -189,6 +189,30 @@ def test_engines_never_import_the_extraction_stage() -> None:
     assert not found, "transforms/engines/ imports transforms/extract/:\n" + "\n".join(found)
 
 
+def test_engines_know_no_output_format() -> None:
+    """A request says what to constrain (a JSON schema, or a prompt's words and no JSON constraint), never which
+    output format makes it: nothing in transforms/engines/ imports transforms/model/markdown.py."""
+    found = sorted(f"{m} -> {t}" for m, ts in _graph_of("transforms").items() for t in ts
+                   if m.startswith("transforms.engines") and t == "transforms.model.markdown")
+    assert not found, "transforms/engines/ imports the markdown formats:\n" + "\n".join(found)
+
+
+# The backends' rooms in transforms/engines/ and the rooms each may import besides the contract (base.py): the
+# machine's service runs the local engine; both vLLM backends and the simulated one share the vLLM helpers.
+ENGINE_ROOMS = {"vllm_shared": set(), "vllm_local": {"vllm_shared"}, "vllm_machine": {"vllm_shared", "vllm_local"},
+                "openai": set(), "simulated": {"vllm_shared"}}
+
+
+def test_each_engine_room_imports_only_what_it_builds_on() -> None:
+    graph = _graph_of("transforms")
+    assert {m.split(".")[2] for m in graph if m.startswith("transforms.engines.")} >= set(ENGINE_ROOMS)
+    found = sorted(f"{m} -> {t}" for m, ts in graph.items() for t in ts
+                   if (mine := m.split(".")[2:3]) and m.startswith("transforms.engines.") and mine[0] in ENGINE_ROOMS
+                   and t.startswith("transforms.engines.") and (theirs := t.split(".")[2]) in ENGINE_ROOMS
+                   and theirs != mine[0] and theirs not in ENGINE_ROOMS[mine[0]])
+    assert not found, "an engine room imports another backend's:\n" + "\n".join(found)
+
+
 def test_import_graph_sees_every_kind_of_import() -> None:
     sources = {
         "t/__init__.py": "import os\n",
@@ -258,3 +282,30 @@ def test_one_module_lists_the_tables_files() -> None:
                    for name in TABLE_FILE_NAMES if name in path.read_text() and
                    path.relative_to(REPO).as_posix() != "transforms/store/files.py")
     assert not found, "the tables' part files are listed outside transforms/store/files.py:\n" + "\n".join(found)
+
+
+# The engine choice (issue 37): `--engine` and its aliases are read and resolved in one place,
+# pipelines/config/engine.py; everything else holds the settings value and transforms.engines.make builds the engine
+# by its kind. A comparison of the flag, the alias or a kind elsewhere is a second home of the choice.
+ENGINE_COMPARISON = re.compile(
+    r"(\.engine(_service)?|\bengine\.kind|\bengine_kind\([^)]*\))\s*(==|!=|not\s+in\b|in\b)"
+    r"|(==|!=|\bin)\s+[\w.]*(\.engine(_service)?|\bengine\.kind)\b(?!\w)")
+ENGINE_CHOICE_HOMES = ("pipelines/config/", "transforms/engines/")
+
+
+def test_no_engine_comparison_outside_option_parsing_and_the_engines() -> None:
+    found = sorted(f"{path.relative_to(REPO)}:{n}: {line.strip()}"
+                   for path in _modules("pipelines", "transforms", "benchmarks", "scripts")
+                   if not path.relative_to(REPO).as_posix().startswith(ENGINE_CHOICE_HOMES)
+                   for n, line in enumerate(path.read_text().splitlines(), 1) if ENGINE_COMPARISON.search(line))
+    assert not found, "the engine is compared outside pipelines/config/ and transforms/engines/:\n" + "\n".join(found)
+
+
+def test_the_engine_comparison_pattern_finds_what_it_is_for() -> None:
+    compared = ['if o.engine == "openai":', "elif o.engine_service != 'auto':", 'if o.engine in ("vllm", "x"):',
+                'if s.engine.kind == "vllm_machine":', 'uses = engine_kind(o) != "openai"',
+                'if "openai" == o.engine:', "x = kind in settings.engine.kind"]
+    assert all(ENGINE_COMPARISON.search(c) for c in compared)
+    fine = ["engine = make(s.engine)", "for engine in engines:", "self.engine = engine", "if engine is None:",
+            "o.engine_in_process == True", "ExtractPages(s.engine, s.extract)"]
+    assert not any(ENGINE_COMPARISON.search(f) for f in fine)

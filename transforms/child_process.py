@@ -33,11 +33,11 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from multiprocessing.connection import Connection
 from typing import Any
 
+from schemas.reasons import TIMEOUT, WORKER_CRASHED
 from transforms.child_sandbox import UNDUMPABLE, isolate
 
 DONE, READY = "done", "ready"
 STARTUP_TIMEOUT_S = 120.0  # a child that cannot import its modules in this long is broken, not slow
-TIMEOUT, CRASHED = "timeout", "worker_crashed"  # why ChildWorker.ask stopped short
 
 CHILD_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TESSDATA_PREFIX")
 # A --safety-check that needs a key of its own (a vendor service) reads it from a variable named so.
@@ -149,7 +149,7 @@ def child_main() -> None:
     serve(requests, replies, work)
 
 
-def _wait_s(now: float, doc_deadline: float, page_deadline: float) -> float | None:
+def wait_s(now: float, doc_deadline: float, page_deadline: float) -> float | None:
     """Pure: how long to wait for the next item before a deadline passes (never negative; None: forever)."""
     deadline = min(doc_deadline, page_deadline)
     return None if deadline == float("inf") else max(0.0, deadline - now)
@@ -254,7 +254,7 @@ class ChildWorker:
     def ask(self, args: tuple[Any, ...], timeout_s: float) -> tuple[list[Any], str | None, str]:
         """Everything `work(*args)` yields in the child, within `timeout_s` of the child being ready (0: no
         limit), and why it stopped short: None (it did not), TIMEOUT (the child was killed and a new one
-        is booting) or CRASHED (the child died; the next call starts another), with a detail."""
+        is booting) or WORKER_CRASHED (the child died; the next call starts another), with a detail."""
         try:
             self._boot()
             assert self.requests is not None and self.replies is not None
@@ -263,20 +263,20 @@ class ChildWorker:
         except (EOFError, OSError) as err:  # the child died between requests
             code = self.exit_code()
             self.stop()
-            return [], CRASHED, f"the {self.name} is unavailable: {err} (exit code {code})"
+            return [], WORKER_CRASHED, f"the {self.name} is unavailable: {err} (exit code {code})"
         deadline = time.monotonic() + timeout_s if timeout_s > 0 else float("inf")
         items: list[Any] = []
         while True:
             try:
-                ready = conn.poll(_wait_s(time.monotonic(), deadline, float("inf")))
+                ready = conn.poll(wait_s(time.monotonic(), deadline, float("inf")))
                 message = self.receive() if ready else None
             except (EOFError, OSError):
                 code = self.exit_code()
                 self.stop()
-                return items, CRASHED, f"the {self.name} died on this document (exit code {code})"
+                return items, WORKER_CRASHED, f"the {self.name} died on this document (exit code {code})"
             except (BadReply, pickle.UnpicklingError) as err:  # a child the document subverted: it is replaced
                 self.stop()
-                return items, CRASHED, f"the {self.name} broke the protocol on this document: {err}"[:500]
+                return items, WORKER_CRASHED, f"the {self.name} broke the protocol on this document: {err}"[:500]
             if message is None:
                 self.stop()
                 self.spawn()  # the next request's child boots while this one's row goes downstream

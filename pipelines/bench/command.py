@@ -96,7 +96,10 @@ def score_run(name: str, data: Path, run: Mapping[str, Any]) -> dict[str, Any]:
             for (u, i), page in pages.items():
                 if u == uri:
                     markdown[(pdf, i + 1)] = page["markdown"]
-        return olmocr_bench.score(dataset, markdown)
+        from pipelines.bench.olmocr_math import math_rule
+
+        with math_rule() as (rule, note):
+            return olmocr_bench.score(dataset, markdown, math=rule, math_note=note)
     receipts = sroie.load(data) if name == "sroie" else cord.load(data)
     got = {}
     for r in receipts:

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
+from pipelines.config.engine import ALIAS, CHOICES
 from schemas.layout import check_identifier
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
@@ -25,7 +26,7 @@ LIST_OPTIONS = ("input", "blocklist", "safety_check", "shared_filesystem", "cata
 
 def _flag(parser: Any, name: str, **kwargs: Any) -> None:
     dashed = name.replace("_", "-")
-    if kwargs.get("type") is _bool:
+    if kwargs.get("type") is parse_bool:
         # `--force` alone, `--force false`, `--force=true`, and `--no-force`. A bare flag matters beyond
         # typing too: Beam hands options to portable workers as `--name` for True.
         kwargs.update(nargs="?", const=True)
@@ -43,11 +44,11 @@ class PagemillOptions(PipelineOptions):
         _flag(parser, "output", default=None, help="output root (folder or URI)")
         _flag(parser, "run_id", default=None, help="run id (default: UTC time + random suffix)")
         _flag(parser, "tenant", default="default", help="tenant name; tenants never share cache entries")
-        _flag(parser, "force", type=_bool, default=False,
+        _flag(parser, "force", type=parse_bool, default=False,
               help="recompute: ignore the result cache, and start an existing run id afresh")
         _flag(parser, "modified_since", default=None, help="only objects modified at or after (ISO time)")
         _flag(parser, "modified_until", default=None, help="only objects modified before (ISO time)")
-        _flag(parser, "since_last_run", type=_bool, default=False,
+        _flag(parser, "since_last_run", type=parse_bool, default=False,
               help="only objects modified since the last finished run of this --job_name (Beam's) and tenant")
         _flag(parser, "shared_filesystem", action="append", nargs="?", const="/", default=None,
               help="a local folder that every worker sees at the same path (NFS, a mounted volume, an image "
@@ -71,13 +72,13 @@ class PagemillOptions(PipelineOptions):
               help="render a PDF of at least twice this many pages as page ranges of this size on several "
                    "workers (0: one unit a document)")
         # Extraction.
-        _flag(parser, "extract", type=_bool, default=True,
+        _flag(parser, "extract", type=parse_bool, default=True,
               help="false: render and account only (pages get status `rendered`, no model)")
         _flag(parser, "preset", default=None,
               help="a model preset (`pagemill presets`): its flags are defaults that explicit flags override")
         _flag(parser, "schema", default="invoice",
               help="shipped schema name or path to a JSON Schema, or a markdown format: markdown, olmocr")
-        _flag(parser, "write_markdown", type=_bool, default=False,
+        _flag(parser, "write_markdown", type=parse_bool, default=False,
               help="markdown output: also write one .md file per document under <output>/markdown/")
         _flag(parser, "model", default=DEFAULT_MODEL, help="local model folder or hub id")
         _flag(parser, "model_revision", default=None, help="model revision (hub) or a label for local models")
@@ -100,18 +101,21 @@ class PagemillOptions(PipelineOptions):
               help="pages in flight per engine (0: twice the engine's max_num_seqs)")
         _flag(parser, "kv_cache_gib", type=float, default=None,
               help="KV cache size; set it on CPU engines (vLLM otherwise takes most of the RAM)")
-        _flag(parser, "enforce_eager", type=_bool, default=False, help="skip CUDA graphs / torch.compile")
-        _flag(parser, "engine_in_process", type=_bool, default=None,
+        _flag(parser, "enforce_eager", type=parse_bool, default=False, help="skip CUDA graphs / torch.compile")
+        _flag(parser, "engine_in_process", type=parse_bool, default=None,
               help="run vLLM's engine core in the worker process (default: yes on CPU, no on GPU)")
         _flag(parser, "engine_service", default="auto", choices=["auto", "process", "machine"],
-              help="one engine per worker process, or one per machine fed by every worker process "
-                   "(auto: machine with --direct_running_mode=multi_processing)")
+              help="alias, kept for job files: with --engine vllm, machine is --engine vllm_machine and process "
+                   "--engine vllm_local (auto: the --engine vllm rule)")
         _flag(parser, "engine_service_dir", default=None,
               help="folder of the machine's engine service (default: run-scoped, under the temp dir)")
         _flag(parser, "max_hint_chars", type=int, default=4000, help="cap on the text hint in a prompt")
-        # A served model instead of the in-process engine (transforms/engines/served.py, docs/served.md).
-        _flag(parser, "engine", default="vllm", choices=("vllm", "openai"),
-              help="vllm: the in-process engine; openai: an OpenAI-compatible endpoint (--endpoint)")
+        # The engine that answers the pages (pipelines/config/engine.py, transforms/engines/, docs/served.md).
+        _flag(parser, "engine", default=ALIAS, choices=CHOICES,
+              help="vllm_local: vLLM in each worker process; vllm_machine: one vLLM engine per machine, fed by "
+                   "every worker process; openai: an OpenAI-compatible endpoint (--endpoint); simulated: a "
+                   "simulated engine (benchmarks); vllm (alias, the default): vllm_machine with "
+                   "--engine-service machine or a multi-process DirectRunner, else vllm_local")
         _flag(parser, "endpoint", default=None, help="--engine openai: the API's base URL, e.g. http://host:8000/v1")
         _flag(parser, "api_key_env", default=None,
               help="--engine openai: the environment variable that holds the API key (never the key itself)")
@@ -172,7 +176,7 @@ class PagemillOptions(PipelineOptions):
               help="exit 1 when more than this share of documents or pages failed for a system reason")
 
 
-def _bool(text: str) -> bool:
+def parse_bool(text: str) -> bool:
     low = str(text).strip().lower()
     if low in ("1", "true", "yes", "on"):
         return True

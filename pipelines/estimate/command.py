@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from pipelines.config.options import PagemillOptions, _bool, merge_flags
+from pipelines.config.options import PagemillOptions, merge_flags, parse_bool
 from pipelines.config.storage import StorageConfig, add_storage_args, configure, storage_from
 from pipelines.estimate.estimate import estimate
 
@@ -60,7 +60,7 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, PagemillOptions, Sto
     parser.add_argument("--output-tokens", type=float, default=None,
                         help="output tokens a page (default: the mean of earlier runs under --output, "
                              "else --max-tokens)")
-    parser.add_argument("--read-text", type=_bool, default=True, help="read PDF text layers for the hint tokens")
+    parser.add_argument("--read-text", type=parse_bool, default=True, help="read PDF text layers for the hint tokens")
     parser.add_argument("--per-page", action="store_true", help="json: add one entry per page")
     parser.add_argument("--workers", type=int, default=8, help="threads reading and measuring objects")
     parser.add_argument("--sample-pages", type=int, default=200,
@@ -69,7 +69,7 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, PagemillOptions, Sto
     parser.add_argument("--sample-seed", type=int, default=0, help="seed of the --sample-pages sample")
     add_storage_args(parser)
     args, rest = parser.parse_known_args(argv)
-    from transforms.model.presets import with_preset
+    from pipelines.config.presets import with_preset
 
     flags = with_preset(merge_flags(rest, args.job))
     # As `pagemill run`: storage flags on the command line win over those in the job file or Beam's own, and

@@ -30,11 +30,12 @@ from pipelines.estimate.scan import (
     measured_output_tokens,
     scan,
 )
-from pipelines.run.option_checks import epoch
-from pipelines.run.settings import extract_config, run_settings
+from pipelines.run.settings import RunSettings, settings_from_options
 from schemas.extraction import ExtractionSchema
+from schemas.reasons import OVER_TOKEN_BUDGET
 from schemas.records import API_ROUTE_PREFIX
 from schemas.statuses import FAILED, REJECTED
+from transforms.extract.config import ExtractConfig
 from transforms.hints.choose import HintSettings
 from transforms.intake.listing import list_matching
 from transforms.model import budget, token_math
@@ -69,8 +70,8 @@ def load_throughput(model: str, override: float | None) -> Throughput:
 
 class PromptTokens:
     """Text tokens of one page's prompt (system message, schema, hint) as the engines' prompt counts them
-    (`transforms.engines.templated.Templated.prepare`): exact with --model's own tokenizer and chat template when
-    they are on this machine (offline), else characters / 4 of the same text."""
+    (`transforms.engines.vllm_shared.templated.Templated.prepare`): exact with --model's own tokenizer and chat
+    template when they are on this machine (offline), else characters / 4 of the same text."""
 
     def __init__(self, model: str, revision: str | None, schema: ExtractionSchema,
                  markdown: MarkdownFormat | None = None, layout: str = SHARED_FIRST) -> None:
@@ -178,8 +179,8 @@ class HintPolicy:
         return bool(hint) and len(text.strip()) <= max_chars
 
 
-def plan_pages(docs: Sequence[Scanned], o: PagemillOptions, prompt: PromptTokens,
-               policy: HintPolicy, rule: Any, decisions: Decisions | None = None) -> list[PagePlan]:
+def plan_pages(docs: Sequence[Scanned], s: RunSettings, cfg: ExtractConfig, prompt: PromptTokens,
+               policy: HintPolicy, decisions: Decisions | None = None) -> list[PagePlan]:
     """Each page's tokens: the hint and detail the hints stage chose for it when it was rendered
     (`decisions`), else those of `policy` (detail: the measured low-detail share of its stratum when
     there is one), then the engine stage's own budget rule (`budget.fit_image`: an image too large for the
@@ -187,9 +188,10 @@ def plan_pages(docs: Sequence[Scanned], o: PagemillOptions, prompt: PromptTokens
     pages = [(d.uri, d.format, p) for d in docs for p in d.pages]
     rendered = decisions.rendered if decisions else {}
     chosen = [rendered.get((uri, p.page_index)) for uri, _, p in pages]
-    hints = [c.hint if c else policy.hint(p.text, o.max_hint_chars) for c, (_, _, p) in zip(chosen, pages, strict=True)]
+    max_chars = s.hints.max_hint_chars
+    hints = [c.hint if c else policy.hint(p.text, max_chars) for c, (_, _, p) in zip(chosen, pages, strict=True)]
     side = policy.low_detail_side
-    family = rule  # token_math.rule_for: the model folder's processor settings when it is local
+    family = cfg.model_family  # token_math.rule_for: the model folder's processor settings when it is local
     plans = []
     for (uri, fmt, p), hint, text_tokens, choice in zip(pages, hints, prompt.count_many(hints), chosen, strict=True):
         if p.reason_code:
@@ -198,13 +200,13 @@ def plan_pages(docs: Sequence[Scanned], o: PagemillOptions, prompt: PromptTokens
         group = stratum(fmt, p.text)
         share = None if choice is not None or decisions is None or policy.detail != "auto" or side <= 0 \
             else decisions.low_share.get(group, (None, 0))[0]
-        low = (choice.low if choice is not None else policy.low(p.text, hint, o.max_hint_chars)) and side > 0
-        high = budget.fit_image(p.width, p.height, text_tokens, o.max_tokens, o.max_model_len, family)
-        small = budget.fit_image(*low_detail_size(p.width, p.height, side), text_tokens, o.max_tokens,
-                                 o.max_model_len, family) if side > 0 else high
+        low = (choice.low if choice is not None else policy.low(p.text, hint, max_chars)) and side > 0
+        high = budget.fit_image(p.width, p.height, text_tokens, cfg.max_tokens, cfg.max_model_len, family)
+        small = budget.fit_image(*low_detail_size(p.width, p.height, side), text_tokens, cfg.max_tokens,
+                                 cfg.max_model_len, family) if side > 0 else high
         size = small if (low if share is None else share >= 0.5) else high
         if size is None:
-            plans.append(PagePlan(uri, p.page_index, p.width, p.height, 0, 0, 0, 0, FAILED, "over_token_budget"))
+            plans.append(PagePlan(uri, p.page_index, p.width, p.height, 0, 0, 0, 0, FAILED, OVER_TOKEN_BUDGET))
             continue
         tokens = {k: token_math.estimate_image_tokens(family, *v) if v else 0 for k, v in
                   (("low", small), ("high", high), ("sent", size))}
@@ -237,15 +239,15 @@ HOSTED_NOTE = ("hosted APIs: each one's image-token formula on the page as sent,
                "as the self-hosted model (as the ledger's api_equivalent_usd does)")
 
 
-def output_figure(o: PagemillOptions, storage: StorageConfig, key: CacheKeyParts,
+def output_figure(output: str | None, max_tokens: int, storage: StorageConfig, key: CacheKeyParts,
                   given: float | None) -> tuple[float, str]:
     """Output tokens a page, and where the figure comes from."""
     if given is not None:
         return given, f"--output-tokens {given:g} a page"
-    measured = measured_output_tokens(o.output, storage, key) if o.output else None
+    measured = measured_output_tokens(output, storage, key) if output else None
     if measured:
         return measured[0], f"{measured[0]:.1f} a page: the mean of {measured[1]} pages extracted ok under --output"
-    return float(o.max_tokens), f"--max-tokens {o.max_tokens} a page (an upper bound)"
+    return float(max_tokens), f"--max-tokens {max_tokens} a page (an upper bound)"
 
 
 def hosted_prices(to_model: Sequence[PagePlan], tokens: dict[str, int], prices: dict[str, Any]) -> list[dict[str, Any]]:
@@ -261,16 +263,16 @@ def hosted_prices(to_model: Sequence[PagePlan], tokens: dict[str, int], prices: 
     return hosted
 
 
-def route_cost(o: PagemillOptions, route: str, self_hosted_usd: float,
-               hosted: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def route_cost(cfg: ExtractConfig, self_hosted_usd: float, hosted: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """What this run's `route` would cost (the ledger's `route` of its model pages): the in-process engine or a
     served endpoint at --gpu-hourly-usd, or a hosted API (--endpoint-kind hosted) at --api-price's list price."""
+    route = cfg.route
     if route.startswith(API_ROUTE_PREFIX):
         found = [h for h in hosted if h["provider"] == route.removeprefix(API_ROUTE_PREFIX)]
         usd = found[0]["usd"] if found else 0.0
-        basis = f"list price of {o.api_price} for the tokens above; the ledger counts the API's own usage"
-    elif o.gpu_hourly_usd > 0:
-        usd, basis = self_hosted_usd, f"GPU-hours at ${o.gpu_hourly_usd:g}/h" + (
+        basis = f"list price of {cfg.api_price} for the tokens above; the ledger counts the API's own usage"
+    elif cfg.gpu_hourly_usd > 0:
+        usd, basis = self_hosted_usd, f"GPU-hours at ${cfg.gpu_hourly_usd:g}/h" + (
             "; a served endpoint: the ledger prices its measured busy time" if route == "served" else "")
     else:
         usd, basis = 0.0, "zero: --gpu-hourly-usd 0, the endpoint's cost is not counted"
@@ -280,14 +282,19 @@ def route_cost(o: PagemillOptions, route: str, self_hosted_usd: float,
 def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: float | None = None,
              output_tokens: float | None = None, read_text: bool = True, workers: int = 8,
              per_page: bool = False, sample_pages: int = 200, sample_seed: int = 0) -> dict[str, Any]:
-    """The whole estimate as one JSON-ready dict."""
+    """The whole estimate as one JSON-ready dict, from the run's own settings (pipelines/run/settings.py: the same
+    pass as the run's, loading the schema and the image-token rule once); nothing else of `o` is read. Raises
+    ValueError with the problems of options the settings cannot be built from."""
     t0 = time.perf_counter()
-    run = run_settings(o)  # the run's own settings (one home: pipelines/run/settings.py)
-    cfg = run.extract or extract_config(o, "")  # --extract false: what a run that extracts would use
-    schema, markdown, rule, prices, route = cfg.schema, cfg.markdown, cfg.model_family, cfg.prices, cfg.route
-    throughput = load_throughput(o.model, pages_per_second)
+    run = settings_from_options(o, checks=False, extract=True)  # what a run that extracts would use
+    if isinstance(run, list):
+        raise ValueError("; ".join(run))
+    cfg = run.extract
+    assert cfg is not None  # the estimate's settings always hold what a run that extracts would use
+    schema, markdown, rule, prices = cfg.schema, cfg.markdown, cfg.model_family, cfg.prices
+    throughput = load_throughput(cfg.model, pages_per_second)
     t_setup = time.perf_counter()  # the schema check imports the grammar compiler: seconds, once
-    objects = list_matching(o.input, epoch(o.modified_since), epoch(o.modified_until))
+    objects = list_matching(run.inputs, *run.window)
     t_list = time.perf_counter()
     settings = ScanSettings(run.intake, run.render.dpi, run.render.max_side, run.render.max_page_points,
                             run.render.max_text_chars, read_text, run.read)
@@ -295,17 +302,17 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
     t_scan = time.perf_counter()
     dup = duplicates(scanned)
     kept = [d for d in scanned if d.status == "accepted" and d.uri not in dup]
-    key = CacheKeyParts(o.tenant, o.model, o.model_revision, schema.schema_hash)
-    cached = cached_documents(o.output, storage, {d.doc_sha256: len(d.pages) for d in kept if d.doc_sha256}, key) \
-        if o.output else set()
-    out_figure, out_source = output_figure(o, storage, key, output_tokens)
-    prompt = PromptTokens(o.model, o.model_revision, schema, markdown, cfg.prompt_layout)
+    key = CacheKeyParts(run.tenant, cfg.model, cfg.model_revision, schema.schema_hash)
+    cached = cached_documents(run.output, storage, {d.doc_sha256: len(d.pages) for d in kept if d.doc_sha256},
+                              key) if run.output else set()
+    out_figure, out_source = output_figure(run.output, cfg.max_tokens, storage, key, output_tokens)
+    prompt = PromptTokens(cfg.model, cfg.model_revision, schema, markdown, cfg.prompt_layout)
     policy = HintPolicy.of(run.hints)
     todo = [d for d in kept if d.doc_sha256 not in cached]
     t_prompt = time.perf_counter()
     decisions = render_decisions(todo, run, policy.detail, policy.hints, sample_pages, sample_seed)
     t_render = time.perf_counter()
-    plans = plan_pages(todo, o, prompt, policy, rule, decisions)
+    plans = plan_pages(todo, run, cfg, prompt, policy, decisions)
     t_plan = time.perf_counter()
     to_model = [p for p in plans if p.status == "model"]
     tokens = {"image": sum(p.image_tokens for p in to_model), "text": sum(p.text_tokens for p in to_model),
@@ -316,9 +323,9 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
              if read_text else "text layers not read (--read-text false)")
     assumptions = [
         f"image tokens: {rule.family} estimator ({rule.source}) on the page sizes the page stage would produce "
-        f"(--dpi {o.dpi:g}, --max-side {o.max_side})",
-        f"result cache: documents whose every page has a reusable row under {o.output} for the same tenant, model, "
-        "revision and schema (a document-level check)" if o.output else "result cache: not applied (no --output)",
+        f"(--dpi {run.render.dpi:g}, --max-side {run.render.max_side})",
+        f"result cache: documents whose every page has a reusable row under {run.output} for the same tenant, model, "
+        "revision and schema (a document-level check)" if run.output else "result cache: not applied (no --output)",
         f"text tokens: {prompt.method}; {hints}",
         f"detail (--detail {policy.detail}): " + (decisions.method if decisions else
                                                   DETAIL_NOTES.get(policy.detail, policy.detail).format(
@@ -328,10 +335,10 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
         NOT_COUNTED, HOSTED_NOTE]
     rejected = Counter(d.reason_code for d in scanned if d.status == REJECTED)
     failed = Counter(p.reason_code for p in plans if p.status == FAILED)
-    usd = gpu_hours * o.gpu_hourly_usd
+    usd = gpu_hours * cfg.gpu_hourly_usd
     hosted = hosted_prices(to_model, tokens, prices)
     report: dict[str, Any] = {
-        "inputs": list(o.input), "schema": schema.schema_id, "model": o.model, "model_family": rule.family,
+        "inputs": list(run.inputs), "schema": schema.schema_id, "model": cfg.model, "model_family": rule.family,
         "documents": {"listed": len(scanned), "rejected": sum(rejected.values()), "reject_reasons": dict(rejected),
                       "duplicate": len(dup), "cached": len(cached), "to_extract": len(kept) - len(cached)},
         "pages": {"in_accepted_documents": sum(len(d.pages) for d in scanned if d.status == "accepted"),
@@ -340,9 +347,9 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
                   "failed_before_model": dict(failed), "to_model": len(to_model)},
         "tokens": tokens, "detail": detail_summary(to_model, decisions, policy.detail),
         "self_hosted": {"pages_per_s": throughput.pages_per_s, "throughput_source": throughput.source,
-                        "gpu_hours": gpu_hours, "gpu_hourly_usd": o.gpu_hourly_usd, "usd": usd,
+                        "gpu_hours": gpu_hours, "gpu_hourly_usd": cfg.gpu_hourly_usd, "usd": usd,
                         "usd_per_1k_pages": 1000 * usd / len(to_model) if to_model else 0.0},
-        "hosted": hosted, "route": route_cost(o, route, usd, hosted), "prices_read_on": prices.get("read_on"),
+        "hosted": hosted, "route": route_cost(cfg, usd, hosted), "prices_read_on": prices.get("read_on"),
         "assumptions": assumptions,
         "timing": {"setup_s": round(t_setup - t0, 3), "list_s": round(t_list - t_setup, 3),
                    "scan_s": round(t_scan - t_list, 3), "render_s": round(t_render - t_prompt, 3),

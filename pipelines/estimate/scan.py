@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from pipelines.config.storage import StorageConfig
 from pipelines.tables import sql
+from schemas.reasons import RENDER_FAILED
 from schemas.records import DocumentRecord, ListedObject, model_routes_sql
 from schemas.statuses import OK, REJECTED, SUCCESS, sql_list
 from transforms.intake.accept import size_gate
@@ -70,7 +71,7 @@ def scan_data(obj: ListedObject, data: bytes, s: ScanSettings) -> Scanned:
     try:
         pages = tuple(_page_sizes(result, data, s))
     except Exception:  # noqa: BLE001 - intake opened it; if measuring fails, every page would fail to render
-        pages = tuple(PageSize(i, reason_code="render_failed") for i in range(result.page_count))
+        pages = tuple(PageSize(i, reason_code=RENDER_FAILED) for i in range(result.page_count))
     return Scanned(obj.uri, result.size, "accepted", None, result.doc_sha256, result.format, pages)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from schemas.reasons import SYSTEM_REASONS
+from schemas.reasons import ENGINE_ERROR, SYSTEM_REASONS
 from schemas.statuses import MODEL_ANSWERED
 
 OK, FAILED, USAGE, MODEL_UNUSABLE = 0, 1, 2, 3
@@ -23,7 +23,7 @@ def exit_code(counts: Mapping[str, Any], max_failed_fraction: float) -> tuple[in
     """(code, the rule that set it, in words) for one run's counts (pipelines/tables/manifest.py run_counts)."""
     page_reasons: Mapping[str, int] = counts.get("page_reasons") or {}
     statuses: Mapping[str, int] = counts.get("pages") or {}
-    engine_errors = page_reasons.get("engine_error", 0)
+    engine_errors = page_reasons.get(ENGINE_ERROR, 0)
     answered = sum(statuses.get(s, 0) for s in MODEL_ANSWERED)
     if engine_errors and not answered:
         return MODEL_UNUSABLE, (f"the model could not be used: all {engine_errors} pages sent to it failed "

@@ -5,6 +5,8 @@ import errno
 import os
 import re
 
+from pipelines.run.pool_watch import WorkerPoolLost
+
 
 def run_failure(err: BaseException) -> str:
     """One line for a run that failed: what went wrong at its root, in words. Pure. Runners wrap a
@@ -15,6 +17,8 @@ def run_failure(err: BaseException) -> str:
         chain.append(seen)
         seen = seen.__cause__ or seen.__context__
     for exc in chain:
+        if isinstance(exc, WorkerPoolLost):  # the launcher's own verdict, above the runner's "CANCELLED"
+            return f"{type(exc).__name__}: {exc}"[:300]
         if isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS:
             where = f" ({exc.filename})" if exc.filename else ""
             return f"{_STORAGE_ERRNOS[exc.errno]}{where}"

@@ -16,18 +16,21 @@ from transforms.document_work.timed import TimedRenderPagesDoFn
 from transforms.document_work.work import PageStages
 from transforms.engines import make  # the engine's modules (vLLM, the HTTP client) are imported by workers only
 from transforms.extract.stage import EngineFactory, ExtractPages
-from transforms.hints.choose import HintsDoFn, Ocr
+from transforms.hints.choose import Ocr
+from transforms.hints.stage import HintsDoFn
 from transforms.intake.accept import IntakeDoFn
 from transforms.intake.dedup import DUPLICATES, DedupDocuments, SkipEarlierWaves
 from transforms.intake.inspection import PageCounter, count_pages
 from transforms.intake.listing import ListObjects
 from transforms.intake.reading import ObjectReader
 from transforms.intake.timed import TimedIntakeDoFn
-from transforms.output.cache import ReadEarlierPages, SkipCachedDocuments, SkipDoneDocuments
+from transforms.output.cache import RESUMED, ReadEarlierPages, SkipCachedDocuments, SkipDoneDocuments
 from transforms.output.outcome import DocumentOutcomes
 from transforms.pages.ranges import SplitPageRanges
-from transforms.pages.render import FAILED_PAGES, RenderPagesDoFn
-from transforms.safety.gate import QUARANTINED, DocumentGateDoFn, SafetyGateDoFn
+from transforms.pages.render import FAILED_PAGES
+from transforms.pages.stage import RenderPagesDoFn
+from transforms.safety.gate import QUARANTINED
+from transforms.safety.stage import DocumentGateDoFn, SafetyGateDoFn
 from transforms.store.write import PART_PREFIX, WriteTables
 
 
@@ -57,10 +60,10 @@ def rendered_only(page: PageImage) -> PageRow:
 def extract_pages(pages: beam.PCollection, s: RunSettings, earlier: beam.PCollection,
                   engine_factory: EngineFactory = make) -> beam.PCollection:
     """PageImage -> PageRow. The model stage plugs in here; `s.extract` is None in a render-only run. The engine
-    is made from the run's engine settings (a served endpoint's when there is one), by their kind."""
+    is made from the run's one engine slot, by its kind (transforms.engines.make)."""
     if s.extract is None:
         return pages | "RenderedOnly" >> beam.Map(rendered_only)
-    return pages | "Extract" >> ExtractPages(s.engine, s.extract, engine_factory, earlier=earlier, endpoint=s.endpoint)
+    return pages | "Extract" >> ExtractPages(s.engine, s.extract, engine_factory, earlier=earlier)
 
 
 def build_pipeline(p: beam.Pipeline, s: RunSettings, run: Mapping[str, Any],
@@ -95,13 +98,13 @@ def build_pipeline(p: beam.Pipeline, s: RunSettings, run: Mapping[str, Any],
     if earlier_kept:
         across = dedup.kept | "EarlierWaves" >> SkipEarlierWaves(earlier_kept)
         dedup, duplicates = across, (*duplicates, across[DUPLICATES])
-    to_render, cached = dedup.kept, None
+    to_render, cached, resumed = dedup.kept, None, None
     earlier = p | "NoEarlier" >> beam.Create([])
     if s.extract is not None and earlier_files:
         earlier = p | "EarlierPages" >> ReadEarlierPages(list(earlier_files), s.tenant, s.extract.config_key)
         # Reused rows are re-checked against today's blocklists here, before anything is rendered.
-        split = dedup.kept | "DocumentCache" >> SkipCachedDocuments(earlier, s.safety)
-        to_render, cached = split.render, split[CACHED]
+        split = dedup.kept | "DocumentCache" >> SkipCachedDocuments(earlier, s.safety, run["run_id"])
+        to_render, cached, resumed = split.render, split[CACHED], split[RESUMED]
     render = render_dofn(s, ocr)
     rendered = (
         to_render
@@ -121,6 +124,8 @@ def build_pipeline(p: beam.Pipeline, s: RunSettings, run: Mapping[str, Any],
     extracted = extract_pages(hinted, s, earlier, engine_factory)
     parts += (extracted,) + ((cached,) if cached is not None else ())
     pages = parts | "AllPages" >> beam.Flatten()
-    kept = pages | "Outcomes" >> DocumentOutcomes(dedup.kept)
+    # A resume's own answered pages count in their documents' outcomes; their rows are written already.
+    counted = pages if resumed is None else (pages, resumed) | "WithResumed" >> beam.Flatten()
+    kept = counted | "Outcomes" >> DocumentOutcomes(dedup.kept)
     documents = (intake[REJECTED], gated[QUARANTINED], *duplicates, kept) | "AllDocuments" >> beam.Flatten()
     _ = documents | "Write" >> WriteTables(s.output, run, pages, s.flush, prefix)

@@ -23,7 +23,7 @@ DIRECT_FLAGS = ("--direct_running_mode", "--direct_num_workers")
 
 def local_workers_flags(flags: Sequence[str], cores: int) -> list[str]:
     """Pure: the Beam flags that make a local batch run use `--workers` processes (0: `cores`), one
-    engine per machine then serving them all (pipelines/run/settings.py, machine_engine). Nothing when the
+    engine per machine then serving them all (pipelines/config/engine.py, machine_engine). Nothing when the
     flags choose the runner's mode or workers themselves, name another runner, or stream."""
     from apache_beam.options.pipeline_options import StandardOptions
 

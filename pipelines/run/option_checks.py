@@ -17,7 +17,11 @@ def epoch(text: str | None) -> float | None:
 
 
 def check_options(o: Any) -> list[str]:
-    """Checks that save a user from a pipeline that would fail late: a bad schema, a bad time."""
+    """Checks of the options' own values that save a user from a pipeline that would fail late: a bad time, a
+    bad endpoint or model folder. What the options name in files (the schema, the image-token rule, the
+    blocklists) is loaded and checked once, by the settings' build (pipelines/run/settings.py)."""
+    from pipelines.config.engine import engine_problems, uses_endpoint
+
     problems = []
     for name in ("modified_since", "modified_until"):
         try:
@@ -32,10 +36,7 @@ def check_options(o: Any) -> list[str]:
     for name in ("document_timeout_s", "page_timeout_s"):
         if getattr(o, name) < 0:
             problems.append(f"--{name.replace('_', '-')} {getattr(o, name):g} is negative (0 turns it off)")
-    from pipelines.run.settings import safety_config  # run_settings needs the checks below to pass
-    from transforms.safety.gate import check_config
-
-    problems += check_config(safety_config(o))  # a bad blocklist fails here, not on a worker
+    problems += engine_problems(o)
     problems += local_path_problems(o)
     from transforms.store.iceberg import catalog_problems
 
@@ -43,28 +44,10 @@ def check_options(o: Any) -> list[str]:
     if not o.extract:
         return problems
     looks_local = o.model.startswith(("/", "./", "../", "~")) or o.model.count("/") != 1
-    if o.engine == "openai":  # --model is the name the endpoint serves it under
+    if uses_endpoint(o):  # --model is the name the endpoint serves it under
         problems += endpoint_option_problems(o)
     elif looks_local and not Path(o.model).expanduser().exists():
         problems.append(f"--model {o.model}: no such model folder (a hub id looks like org/name)")
-    from schemas.extraction import SchemaError
-    from transforms.model.markdown import load_output
-    from transforms.model.token_math import rule_for
-
-    try:
-        _, markdown = load_output(o.schema)
-        if o.write_markdown and markdown is None:
-            problems.append(f"--write-markdown needs markdown output (--schema markdown or olmocr), not {o.schema}")
-        if o.engine == "openai" and markdown is not None:
-            # The served engine sends a JSON schema as response_format; markdown prompts are the local engine's.
-            problems.append(f"--schema {o.schema}: markdown output needs --engine vllm "
-                            "(served endpoints take JSON schemas)")
-    except (SchemaError, OSError) as err:
-        problems.append(f"--schema {o.schema}: {err}")
-    try:
-        rule_for(o.model_family, o.model)
-    except (ValueError, OSError) as err:
-        problems.append(f"--model-family {o.model_family}: {err}")
     return problems
 
 
@@ -105,8 +88,10 @@ def shared(path: str, folders: Sequence[str]) -> bool:
 def local_paths(o: Any) -> list[tuple[str, str]]:
     """(flag, path) of every local path the workers read or write: inputs (and @lists), the output, and the
     model folder of the in-process engine."""
+    from pipelines.config.engine import reads_model_folder
+
     found = [("--input", i.removeprefix("@")) for i in o.input or []] + [("--output", o.output or "")]
-    if o.extract and o.engine == "vllm" and Path(o.model).expanduser().exists():
+    if o.extract and reads_model_folder(o) and Path(o.model).expanduser().exists():
         found.append(("--model", o.model))
     return [(flag, p.removeprefix("file://")) for flag, p in found
             if p and ("://" not in p or p.startswith("file://"))]

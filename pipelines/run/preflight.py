@@ -142,7 +142,7 @@ def check_endpoint(endpoint: str, model: str, api_key_env: str | None) -> str | 
     printed. A credential about to go over plain http:// to another host is warned about here, once a run."""
     import httpx
 
-    from transforms.engines.served_endpoint import EndpointRefused, base_url, model_list, plain_http_warning
+    from transforms.engines.openai.endpoint import EndpointRefused, base_url, model_list, plain_http_warning
 
     if api_key_env and not os.environ.get(api_key_env):
         return f"--api-key-env {api_key_env}: that environment variable is not set"

@@ -21,11 +21,10 @@ def run(options: Any, storage: Any) -> int:
     from pipelines.config.storage import configure
     from pipelines.run.exit_codes import exit_code
     from pipelines.run.local_workers import resolve_local_workers, small_run, usable_cores
-    from pipelines.run.option_checks import check_options
     from pipelines.run.preflight import preflight
     from pipelines.run.progress import ProgressWatcher
     from pipelines.run.retries import settle
-    from pipelines.run.settings import run_settings
+    from pipelines.run.settings import settings_from_options, with_resolved_engine
     from pipelines.run.waves import bound_listing, listing_for, run_waves
     from pipelines.tables.manifest import build_manifest, manifest_options, run_counts, write_manifest
     from transforms.store.compaction import clear_run
@@ -36,10 +35,12 @@ def run(options: Any, storage: Any) -> int:
     job_name = options.view_as(GoogleCloudOptions).job_name
     # Identifiers become paths under the output root: checked before anything (even pre-flight) runs.
     problems = check_identifiers(o, job_name) + layout.root_problems(o.output)
+    o.run_id = o.run_id or new_run_id()  # the machine engine's folder in the settings is named after it
+    built: Any = problems
     if not problems:
         configure(storage)
-        problems = check_options(o) or preflight(o.input, o.output, storage)  # nothing is written if options are bad
-    o.run_id = o.run_id or new_run_id()
+        built = settings_from_options(o)  # checked, loaded and built in one pass: nothing is written if bad
+        problems = built if isinstance(built, list) else preflight(o.input, o.output, storage)
     # A listing an earlier invocation left is reused only if it is this run's: same --input, files unchanged.
     found, refused = (None, []) if problems else bound_listing(o)
     problems = problems or refused
@@ -65,7 +66,7 @@ def run(options: Any, storage: Any) -> int:
     listing = listing_for(o, since, until, found)
     # The listing tells a small run before any worker starts; the engine's service follows the workers.
     resolve_local_workers(options, usable_cores(), listing is not None and small_run(listing.objects, listing.bytes))
-    settings = run_settings(o)
+    settings = with_resolved_engine(built, o)  # the `vllm` alias follows the resolved workers
     watcher = ProgressWatcher(o.output, o.tenant, o.run_id, o.progress_every_s, listing and listing.objects,
                               listing and listing.waves)
     try:

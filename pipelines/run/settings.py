@@ -1,22 +1,21 @@
-"""RunSettings: every stage's settings, built once from the options by `run_settings(o)`.
+"""RunSettings: every stage's settings, checked and built in one pass from the options by `settings_from_options(o)`.
 
 The one place that turns PagemillOptions into the stages' settings objects: the graph builder
 (pipelines/run/graph.py), the run (pipelines/run/run.py) and the estimate take a RunSettings, never the options'
-fields one by one. The cache configuration key is derived from these objects (transforms/model/cache_key.py),
-so a new setting joins the key unless it is named in that module's EXCLUDE set.
-
-`option_checks` validates the options before a RunSettings can be built (a bad schema or model folder
-is a message there, not an exception here); it reuses `safety_config` below for the blocklist check.
+fields one by one. The pass loads what the options name once each (the schema or markdown format, the model's
+image-token rule, the blocklists for their check) and reports a bad one as a problem line (exit 2), not an
+exception. The cache configuration key is derived from these objects (transforms/model/cache_key.py), so a new
+setting joins the key unless it is named in that module's EXCLUDE set.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from schemas.records import API_ROUTE_PREFIX
+from pipelines.config.engine import engine_settings, max_in_flight, model_route, resolved_engine, vllm_settings
+from pipelines.run.option_checks import check_options, epoch
 from transforms.document_work.timed import RenderLimits
-from transforms.engines.local import EngineSettings
-from transforms.extract.stage import ExtractConfig
+from transforms.extract.config import ExtractConfig
 from transforms.hints.choose import HintSettings
 from transforms.hints.ocr import OcrSettings
 from transforms.intake.bounds import input_roots
@@ -30,7 +29,10 @@ from transforms.store.write import FlushPolicy
 
 if TYPE_CHECKING:
     from pipelines.config.options import PagemillOptions
-    from transforms.engines.served import EndpointSettings
+    from schemas.extraction import ExtractionSchema
+    from transforms.engines import EngineChoice
+    from transforms.model.markdown import MarkdownFormat
+    from transforms.model.token_math import ImageTokenRule
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class RunSettings:
     keys (their fields are repr=False): a RunSettings is never printed or written to the manifest."""
 
     inputs: tuple[str, ...]  # --input patterns
+    window: tuple[float | None, float | None]  # --modified-since, --modified-until (epoch s; --since-last-run adds)
     output: str
     tenant: str
     read: ReadConfig  # how intake and rendering read input objects (S3 retries, keys)
@@ -48,25 +51,112 @@ class RunSettings:
     render: RenderSettings
     safety: SafetyConfig
     hints: HintSettings
-    engine: EngineSettings
-    endpoint: EndpointSettings | None  # --engine openai; None: the vLLM engine
+    # The one engine slot (pipelines/config/engine.py): vllm_local, vllm_machine, openai or simulated settings;
+    # transforms.engines.make builds the engine by its kind.
+    engine: EngineChoice
     extract: ExtractConfig | None  # None: a render-only run (--extract false)
     flush: FlushPolicy
     progress_every_s: float
 
 
-def run_settings(o: PagemillOptions) -> RunSettings:
-    """The run's settings from its options; call it once the options are checked (pipelines/run/option_checks.py)
-    and the run id is set (the machine engine's folder is named after it). Loads the schema and the prices."""
-    render, safety, hints, engine = render_settings(o), safety_config(o), hint_settings(o), engine_settings(o)
+@dataclass(frozen=True)
+class Loaded:
+    """What the options name in files, read once a build: the output (a JSON schema, or a markdown format and its
+    front matter's schema) and --model's image-token rule."""
+
+    schema: ExtractionSchema
+    markdown: MarkdownFormat | None
+    rule: ImageTokenRule
+
+
+def settings_from_options(o: PagemillOptions, *, checks: bool = True,
+                          extract: bool | None = None) -> RunSettings | list[str]:
+    """Check, load and build in one pass: the run's settings, or the problems that stop it (one line each, the
+    run exits 2 before anything is written). Call it once the run id is set (the machine engine's folder is named
+    after it). `checks=False`: only what the build itself loads is checked (the estimate, tests and benchmarks: no
+    endpoint, paths, catalog or safety lists of a run). `extract`: build the extraction settings or not
+    (default --extract; the estimate wants what a run that extracts would use even with --extract false)."""
+    safety = safety_config(o)
+    problems = check_options(o) if checks else []
+    if checks:
+        from transforms.safety.gate import check_config
+
+        problems += check_config(safety)  # a bad blocklist fails here, not on a worker
+    loaded = None
+    if o.extract if extract is None else extract:
+        loaded, load_problems = load_files(o)
+        problems += load_problems + (output_problems(o, loaded) if checks else [])
+    if problems:
+        return problems
+    render, hints, engine = render_settings(o), hint_settings(o), engine_settings(o)
+    extract_settings = None
+    if loaded is not None:
+        extract_settings = extract_config(o, loaded, render_key(render, safety, hints, o))
     return RunSettings(
-        inputs=tuple(o.input or ()), output=o.output, tenant=o.tenant, read=read_config(o),
+        inputs=tuple(o.input or ()), window=(epoch(o.modified_since), epoch(o.modified_until)), output=o.output,
+        tenant=o.tenant, read=read_config(o),
         intake=IntakeLimits(max_bytes=o.max_bytes, max_pages=o.max_pages, max_image_pixels=o.max_image_pixels),
         limits=RenderLimits(document_timeout_s=o.document_timeout_s, page_timeout_s=o.page_timeout_s),
-        render_range_pages=o.render_range_pages, render=render, safety=safety, hints=hints,
-        engine=engine, endpoint=endpoint_settings(o) if o.engine == "openai" else None,
-        extract=extract_config(o, settings_key(render, safety, hints, engine)) if o.extract else None,
-        flush=FlushPolicy(o.flush_rows, o.flush_seconds), progress_every_s=o.progress_every_s)
+        render_range_pages=o.render_range_pages, render=render, safety=safety, hints=hints, engine=engine,
+        extract=extract_settings, flush=flush_policy(o), progress_every_s=o.progress_every_s)
+
+
+def run_settings(o: PagemillOptions) -> RunSettings:
+    """The settings of options that need no run checks (tests, benchmarks): raises ValueError when what they
+    name cannot be loaded."""
+    built = settings_from_options(o, checks=False)
+    if isinstance(built, list):
+        raise ValueError("; ".join(built))
+    return built
+
+
+def with_resolved_engine(s: RunSettings, o: PagemillOptions) -> RunSettings:
+    """The engine slot again once the run's local workers are resolved (`--workers 0`: a small run goes in
+    process, pipelines/run/local_workers.py), which decides the `vllm` alias. Loads nothing; the key is the same
+    (render_key keys the model's settings, never the kind). Unchanged when the kind is."""
+    engine = resolved_engine(o, s.engine)
+    return s if engine is s.engine else replace(s, engine=engine)
+
+
+def load_files(o: PagemillOptions) -> tuple[Loaded | None, list[str]]:
+    """The schema (or markdown format) and the image-token rule, each read once; a bad one is a problem line."""
+    from schemas.extraction import SchemaError
+    from transforms.model.markdown import load_output
+    from transforms.model.token_math import rule_for
+
+    problems = []
+    try:
+        schema, markdown = load_output(o.schema)
+    except (SchemaError, OSError) as err:
+        problems.append(f"--schema {o.schema}: {err}")
+    try:
+        rule = rule_for(o.model_family, o.model)
+    except (ValueError, OSError) as err:
+        problems.append(f"--model-family {o.model_family}: {err}")
+    return (None, problems) if problems else (Loaded(schema, markdown, rule), [])
+
+
+def output_problems(o: PagemillOptions, loaded: Loaded | None) -> list[str]:
+    """The run's output choices against the loaded output: markdown files need markdown, an endpoint JSON."""
+    from pipelines.config.engine import uses_endpoint
+
+    if loaded is None:
+        return []
+    problems = []
+    if o.write_markdown and loaded.markdown is None:
+        problems.append(f"--write-markdown needs markdown output (--schema markdown or olmocr), not {o.schema}")
+    if uses_endpoint(o) and loaded.markdown is not None:
+        # The served engine sends a JSON schema as response_format; markdown prompts are the vLLM engines'.
+        problems.append(f"--schema {o.schema}: markdown output needs --engine vllm "
+                        "(served endpoints take JSON schemas)")
+    return problems
+
+
+def render_key(render: RenderSettings, safety: SafetyConfig, hints: HintSettings, o: PagemillOptions) -> str:
+    """The key of the render, gate, hints and model settings that change a page. The model's are the vLLM
+    settings of the options whichever engine answers (their excluded fields aside: how it runs), so that a page
+    extracted by the machine engine is reused by a run in process, and earlier runs' keys still match."""
+    return settings_key(render, safety, hints, vllm_settings(o))
 
 
 def read_config(o: Any) -> ReadConfig:
@@ -101,55 +191,17 @@ def hint_settings(o: PagemillOptions) -> HintSettings:
                         allow_ocr=o.extract or o.hints == "ocr")
 
 
-def machine_engine(o: PagemillOptions) -> bool:
-    """One engine per machine (a service process) rather than one per worker process."""
-    if o.engine_service != "auto":
-        return o.engine_service == "machine"
-    from apache_beam.options.pipeline_options import DirectOptions
-
-    direct = o.view_as(DirectOptions)
-    return direct.direct_running_mode == "multi_processing" and direct.direct_num_workers != 1
+def flush_policy(o: PagemillOptions) -> FlushPolicy:
+    return FlushPolicy(o.flush_rows, o.flush_seconds)
 
 
-def engine_settings(o: PagemillOptions) -> EngineSettings:
-    s = EngineSettings(model=o.model, model_revision=o.model_revision, max_model_len=o.max_model_len,
-                       max_num_seqs=o.max_num_seqs, gpu_memory_utilization=o.gpu_memory_utilization,
-                       tensor_parallel_size=o.tensor_parallel_size, limit_mm_per_prompt=o.limit_mm_per_prompt,
-                       kv_cache_gib=o.kv_cache_gib, enforce_eager=o.enforce_eager, in_process=o.engine_in_process)
-    if o.engine != "vllm" or not machine_engine(o):
-        return s
-    from transforms.engines.machine import service_dir
-
-    return replace(s, service_dir=o.engine_service_dir or service_dir(o.run_id or "", s))
-
-
-def endpoint_settings(o: PagemillOptions) -> EndpointSettings:
-    from transforms.engines.served import EndpointSettings
-
-    return EndpointSettings(endpoint=o.endpoint or "", model=o.model, api_key_env=o.api_key_env,
-                            concurrency=max(1, o.concurrency), request_timeout_s=o.request_timeout_s)
-
-
-def model_route(o: PagemillOptions) -> str:
-    """The ledger route of a page sent to the model: how its cost is counted (schemas/records.py ROUTES)."""
-    if o.engine != "openai":
-        return "model"
-    return "served" if o.endpoint_kind == "served" else f"{API_ROUTE_PREFIX}{o.api_price}"
-
-
-def extract_config(o: PagemillOptions, render_key: str) -> ExtractConfig:
-    """`render_key`: the key of the render, gate, hints and engine settings that change a page."""
+def extract_config(o: PagemillOptions, loaded: Loaded, key: str) -> ExtractConfig:
+    """`key`: the key of the render, gate, hints and model settings that change a page (`render_key`)."""
     from transforms.model.budget import load_prices
-    from transforms.model.markdown import load_output
-    from transforms.model.token_math import rule_for
 
-    # A served endpoint: its requests in flight, and as many queued behind them in the stage.
-    in_flight = o.max_in_flight or (2 * max(1, o.concurrency) if o.engine == "openai" else 0)
-    schema, markdown = load_output(o.schema)
-    return ExtractConfig(schema=schema, markdown=markdown, tenant=o.tenant, model=o.model,
-                         model_revision=o.model_revision, render_key=render_key,
-                         model_family=rule_for(o.model_family, o.model),
+    return ExtractConfig(schema=loaded.schema, markdown=loaded.markdown, tenant=o.tenant, model=o.model,
+                         model_revision=o.model_revision, render_key=key, model_family=loaded.rule,
                          max_model_len=o.max_model_len, max_tokens=o.max_tokens, max_attempts=o.max_attempts,
-                         max_in_flight=in_flight, prompt_layout=o.prompt_layout, answer_timeout_s=o.answer_timeout_s,
-                         gpu_hourly_usd=o.gpu_hourly_usd, api_price=o.api_price, prices=load_prices(),
-                         route=model_route(o))
+                         max_in_flight=max_in_flight(o), prompt_layout=o.prompt_layout,
+                         answer_timeout_s=o.answer_timeout_s, gpu_hourly_usd=o.gpu_hourly_usd, api_price=o.api_price,
+                         prices=load_prices(), route=model_route(o))

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.run.pool_watch import pool_address, wait_for_job
 from schemas import layout
 from transforms.store.listing_file import (
     Listing,
@@ -184,7 +185,7 @@ def _one_wave(options: Any, s: Any, run: dict[str, Any], listing: Listing | None
         graph.build_pipeline(p, s, run, earlier_files, own, listing=ReadWave(listing.wave_file(wave), digest),
                              earlier_kept=earlier, prefix=part_prefix(wave))
     result = p.run()
-    result.wait_until_finish()
+    wait_for_job(result, pool_address(options))
     return stage_metrics(result)
 
 
@@ -196,8 +197,8 @@ class EngineHold:
     that never needs the model never starts one). Best effort: a failure only costs a reload."""
 
     def __init__(self, settings: Any) -> None:
-        self.folder = settings.engine.service_dir if settings.extract is not None and settings.endpoint is None \
-            else None
+        # Only a machine engine's settings name a service folder; an engine in process or an endpoint has none.
+        self.folder = getattr(settings.engine, "service_dir", None) if settings.extract is not None else None
         self.settings = settings.engine
         self.engine: Any = None
         self._stop = threading.Event()
@@ -210,12 +211,13 @@ class EngineHold:
         return self
 
     def _watch(self) -> None:
-        from transforms.engines.machine import SOCKET, RemoteEngine
+        from transforms.engines import make
+        from transforms.engines.vllm_machine.engine import SOCKET
 
         while not self._stop.wait(0.5):
             if Path(self.folder or "", SOCKET).exists():
                 try:
-                    engine = RemoteEngine(self.settings)
+                    engine = make(self.settings)  # the machine engine's worker side
                     engine.start()  # connect only: no request is ever sent on it
                     self.engine = engine
                 except Exception as err:  # noqa: BLE001

@@ -21,7 +21,8 @@ import pyarrow as pa
 
 from pipelines.config.storage import StorageConfig
 from pipelines.tables import sql
-from schemas.records import REASON_CODES, model_routes_sql
+from schemas.reasons import REASON_CODES
+from schemas.records import model_routes_sql
 from schemas.statuses import DUPLICATE, OK
 
 MODEL_L = model_routes_sql("l.route")  # pages sent to a model: in-process, served or a hosted API

@@ -23,7 +23,7 @@ import duckdb
 import pyarrow as pa
 
 from schemas import sql_types
-from schemas.extraction import SHIPPED_SCHEMAS, SchemaError, _local_path, _read_user_file, schema_hash
+from schemas.extraction import SHIPPED_SCHEMAS, SchemaError, local_path, read_user_file, schema_hash
 from schemas.sql_types import SqlType, literal, quote
 from schemas.statuses import OK
 
@@ -71,8 +71,8 @@ def schema_files(manifests: Iterable[str]) -> dict[str, dict[str, Mapping[str, A
     given = {_run_schema(m) for m in manifests}
     for source in sorted(s for s in given if isinstance(s, str) and s not in found):
         try:  # the run read this file once; it may have moved or changed since (then its hash will not match)
-            path = _local_path(source)
-            schema = json.loads(_read_user_file(path, source))
+            path = local_path(source)
+            schema = json.loads(read_user_file(path, source))
         except (SchemaError, OSError, ValueError, RecursionError):
             continue
         if isinstance(schema, dict):

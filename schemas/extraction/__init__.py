@@ -79,9 +79,9 @@ def load_schema(name_or_path: str, *, strict: bool | None = None) -> ExtractionS
         text: str | bytes = (resources.files(__name__) / f"{name_or_path}.json").read_text(encoding="utf-8")
         schema_id, source, strict = name_or_path, f"shipped:{name_or_path}", strict is not False
     else:
-        path = _local_path(name_or_path)
+        path = local_path(name_or_path)
         schema_id, source, strict = path.stem, str(path), bool(strict)
-        text = _read_user_file(path, name_or_path)
+        text = read_user_file(path, name_or_path)
     try:
         schema = json.loads(text)
     except (ValueError, RecursionError) as e:
@@ -93,7 +93,8 @@ def load_schema(name_or_path: str, *, strict: bool | None = None) -> ExtractionS
     return ExtractionSchema(schema_id, schema_hash(schema), schema, source)
 
 
-def _local_path(name_or_path: str) -> Path:
+def local_path(name_or_path: str) -> Path:
+    """The local file that --schema names (a path or a file:// URI); any other URI is an error."""
     parsed = urlparse(name_or_path)
     if parsed.scheme == "file" and parsed.netloc in ("", "localhost"):
         return Path(url2pathname(unquote(parsed.path)))
@@ -102,7 +103,8 @@ def _local_path(name_or_path: str) -> Path:
     return Path(name_or_path)
 
 
-def _read_user_file(path: Path, given: str) -> bytes:
+def read_user_file(path: Path, given: str) -> bytes:
+    """A user's schema file, at most MAX_SCHEMA_BYTES; a missing file names the shipped schemas."""
     if not path.is_file():
         if "/" not in given and "\\" not in given and "." not in given:
             shipped = ", ".join(SHIPPED_SCHEMAS)

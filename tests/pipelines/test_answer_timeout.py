@@ -22,8 +22,8 @@ from pipelines.config.options import PagemillOptions
 from pipelines.run.graph import build_pipeline
 from pipelines.run.settings import run_settings
 from pipelines.tables import sql
-from tests import docmaker
-from tests.transforms.extract.test_deadline import Stuck
+from tests.support import docmaker
+from tests.support.stuck_engine import Stuck
 from transforms.engines.base import RequestFailed
 
 ANSWER = json.dumps({"vendor_name": None, "invoice_number": None, "issue_date": None, "due_date": None,

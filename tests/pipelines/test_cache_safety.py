@@ -24,11 +24,11 @@ from pipelines.config.options import PagemillOptions
 from pipelines.run.graph import build_pipeline
 from pipelines.run.settings import run_settings
 from pipelines.tables import sql
-from tests import docmaker
 from tests.conftest import vllm_available
-from tests.pipelines.test_safety_pipeline import ProbeEngine
-from tests.transforms.output.test_cache_reuse import entry_between, stripes
-from tests.transforms.safety.test_gate import _gradient, encode, photo
+from tests.support import docmaker
+from tests.support.pictures import encode, gradient, photo
+from tests.support.probe_engine import ProbeEngine
+from tests.support.stripes import entry_between, stripes
 from transforms.engines.simulated import simulated
 from transforms.extract.stage import EngineFactory
 from transforms.safety.classifiers import NudeNetClassifier
@@ -85,9 +85,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path) -> dict
     (root / "in").mkdir()
     (root / "in" / "invoice.pdf").write_bytes(docmaker.invoice_pdf())
     (root / "in" / "photo.png").write_bytes(encode(photo(5)))
-    (root / "in" / "gradient.png").write_bytes(encode(_gradient()))
+    (root / "in" / "gradient.png").write_bytes(encode(gradient()))
     (root / "in" / "lines.png").write_bytes(encode(stripes(20)))  # 800x600 under --max-side 800: a low rendition
-    score, _ = NudeNetClassifier().score(_gradient())
+    score, _ = NudeNetClassifier().score(gradient())
     assert 0.01 < score < 0.9, score  # the probe needs a real score between the two thresholds below
     out = root / "out"
     first = run_once(root, test_model_dir, "r1", ["--nsfw-threshold", "0.95"])

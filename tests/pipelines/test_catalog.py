@@ -1,6 +1,6 @@
 """`--catalog`: a run's waves committed to Iceberg tables (pipelines/run/commits.py, transforms/store/iceberg.py),
 read back with pyiceberg alone as another engine's user would. Render-only runs in child processes (killable);
-faults in the commit step come from tests/pipelines/catalog_faults.py."""
+faults in the commit step come from tests/support/catalog_faults.py."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ import pytest
 
 from pipelines.tables import sql
 from schemas import layout, tables
-from tests import docmaker
+from tests.support import docmaker
 
 pytest.importorskip("pyiceberg")
 
@@ -27,7 +27,7 @@ WAVES = 3
 
 
 def command(inputs: Path, output: Path, run_id: str, *extra: str, fault: tuple[str, int] | None = None) -> list[str]:
-    head = ["-m", "tests.pipelines.catalog_faults", fault[0], str(fault[1])] if fault else ["-m", "pipelines.cli"]
+    head = ["-m", "tests.support.catalog_faults", fault[0], str(fault[1])] if fault else ["-m", "pipelines.cli"]
     return [sys.executable, *head, "run", "--input", str(inputs), "--output", str(output), "--run-id", run_id,
             "--wave-objects", str(WAVE_OBJECTS), "--catalog", "sqlite", *RENDER_ONLY, *extra]
 

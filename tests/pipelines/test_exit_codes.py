@@ -9,11 +9,10 @@ import pytest
 
 from pipelines import cli
 from pipelines.run.exit_codes import exit_code
-from schemas.reasons import INPUT_REASONS, MODEL_OUTPUT_REASONS, SYSTEM_REASONS
-from schemas.records import REASON_CODES
-from tests import docmaker
+from schemas.reasons import INPUT_REASONS, MODEL_OUTPUT_REASONS, REASON_CODES, SYSTEM_REASONS
 from tests.conftest import vllm_available
-from tests.pipelines.raw import one_row_per, raw_rows
+from tests.support import docmaker
+from tests.support.raw import one_row_per, raw_rows
 
 
 def counts(documents: int, pages: dict[str, int], page_reasons: dict[str, int] | None = None,

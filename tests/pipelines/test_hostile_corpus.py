@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 
 from pipelines.tables import sql
-from schemas.records import REASON_CODES
+from schemas.reasons import REASON_CODES
 from schemas.statuses import OUTCOMES, PAGE_STATUSES
 from tests.conftest import CORPUS
-from tests.pipelines.raw import one_row_per, raw_rows
+from tests.support.raw import one_row_per, raw_rows
 
 HOSTILE = CORPUS / "hostile"
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from pipelines.config.options import PagemillOptions
 from pipelines.run.graph import build_pipeline
 from pipelines.run.settings import run_settings
 from pipelines.tables import sql
-from tests import docmaker
+from tests.support import docmaker
 
 
 def rows(output: Path, query: str) -> list[dict[str, Any]]:

@@ -22,23 +22,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from schemas import layout
-from tests import docmaker
 from tests.conftest import vllm_available
+from tests.support import docmaker
+from tests.support.row_keys import assert_one_row_per_key, raw_rows
 from transforms.intake.inspection import IntakeLimits, count_pages
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE_KEY = ("run_id", "doc_sha256", "page_index")
-
-
-def raw_rows(output: Path, table: str, run_id: str) -> list[dict]:
-    """Every row of every finished file of the run (any partitions above run_id=), duplicates included."""
-    rows: list[dict] = []
-    for path in sorted((output / table).rglob(f"run_id={run_id}/*.parquet")):
-        try:
-            rows += pq.read_table(path).to_pylist()
-        except FileNotFoundError:  # compacted away between the listing and the read
-            continue
-    return rows
 
 
 def pagemill(inputs: Path, output: Path, run_id: str, *flags: str) -> subprocess.Popen:
@@ -68,17 +57,6 @@ def kill_when_durable(proc: subprocess.Popen, output: Path, run_id: str, rows: i
 def manifests(output: Path) -> list[Path]:
     """Run manifests (the only JSON a run writes), wherever the layout puts them."""
     return sorted(output.rglob("*.json"))
-
-
-def assert_one_row_per_key(output: Path, run_id: str, listed: int, pages: int) -> None:
-    documents = raw_rows(output, "documents", run_id)
-    assert len(documents) == listed
-    assert Counter(d["source_uri"] for d in documents).most_common(1)[0][1] == 1
-    for table in ("pages", "ledger"):
-        rows = raw_rows(output, table, run_id)
-        twice = [k for k, n in Counter(tuple(r[c] for c in PAGE_KEY) for r in rows).items() if n > 1]
-        assert twice == [], f"{table}: {len(twice)} keys with two rows"
-        assert len(rows) == pages, table
 
 
 # With the model -------------------------------------------------------------------------------------
@@ -133,7 +111,7 @@ def test_killed_extraction_resumes_paying_only_for_the_rest(tmp_path: Path, test
 
 # Render only (no model): kill -9 at seeded random points -------------------------------------------
 
-N_DOCS = 12
+N_DOCS = 8
 
 
 @pytest.mark.slow
@@ -185,7 +163,7 @@ class Probes:
         monkeypatch.setattr(graph, "build_pipeline", self.probed)
 
     def probed(self, *args: Any, **kwargs: Any) -> None:
-        from tests.pipelines.test_safety_pipeline import ProbeEngine
+        from tests.support.probe_engine import ProbeEngine
         from transforms.store.write import part_prefix
 
         if self.fail_wave is not None and kwargs.get("prefix") == part_prefix(self.fail_wave):

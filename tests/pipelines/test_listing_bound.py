@@ -16,9 +16,9 @@ import pytest
 
 from pipelines import cli
 from pipelines.run import graph
-from tests.pipelines.raw import raw_rows
-from tests.pipelines.test_s3 import client, docs, flags, make_bucket, start_moto, stop_moto
-from tests.pipelines.test_waves import RENDER_ONLY, png
+from tests.support.moto_s3 import client, docs, flags, make_bucket, start_moto, stop_moto
+from tests.support.raw import raw_rows
+from tests.support.wave_inputs import RENDER_ONLY, png
 
 RUN = "nightly-2026-12-03"  # a predictable run id: a scheduled job's date
 

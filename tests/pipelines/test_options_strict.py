@@ -8,8 +8,8 @@ import pytest
 
 from pipelines import cli
 from pipelines.config.options import PagemillOptions, check_flags, merge_flags
-from tests import docmaker
-from tests.pipelines.raw import raw_rows
+from tests.support import docmaker
+from tests.support.raw import raw_rows
 
 
 def _inputs(tmp_path: Path) -> Path:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from pipelines import cli
-from tests import docmaker
-from tests.transforms.engines.served_faults import Injector, fault_server, own_address
+from tests.support import docmaker
+from tests.support.served_faults import Injector, fault_server, own_address
 
 
 @pytest.fixture()
@@ -106,7 +106,7 @@ def test_the_password_in_an_endpoint_url_is_never_printed(inputs: Path, tmp_path
     ("http://127.0.0.1.example.com/v1", True, "the API key (--api-key-env)"),  # a name, not the loopback
 ])
 def test_which_endpoints_get_the_plain_http_warning(endpoint: str, key: bool, warned: str | None) -> None:
-    from transforms.engines.served_endpoint import plain_http_warning
+    from transforms.engines.openai.endpoint import plain_http_warning
 
     environ = {"PAGEMILL_TEST_KEY": "sk-test"} if key else {}
     line = plain_http_warning(endpoint, "PAGEMILL_TEST_KEY", environ)

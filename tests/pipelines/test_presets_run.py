@@ -14,7 +14,7 @@ from pipelines import cli
 from pipelines.run.markdown_files import write_markdown
 from pipelines.tables import sql
 from tests.conftest import REPO, vllm_available
-from tests.pipelines.raw import one_row_per, raw_rows
+from tests.support.raw import one_row_per, raw_rows
 from transforms.model.markdown import MARKDOWN_FORMATS
 
 pytestmark = [pytest.mark.vllm,

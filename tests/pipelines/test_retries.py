@@ -13,8 +13,8 @@ from pipelines.run.retries import raw_rows as raw_counts
 from pipelines.run.retries import settle
 from schemas import tables
 from schemas.layout import partition
-from tests.pipelines.raw import one_row_per, raw_rows
-from tests.pipelines.test_waves import RENDER_ONLY, make_inputs, manifest
+from tests.support.raw import one_row_per, raw_rows
+from tests.support.wave_inputs import RENDER_ONLY, make_inputs, manifest
 from transforms.store.write import WriteParquetBundles, write_rows
 
 

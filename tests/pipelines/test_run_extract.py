@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import jsonschema
@@ -10,9 +11,9 @@ import pytest
 from pipelines import cli
 from pipelines.tables import sql
 from schemas.extraction import load_schema
-from tests import docmaker
 from tests.conftest import vllm_available
-from tests.pipelines.raw import one_row_per, raw_rows
+from tests.support import docmaker
+from tests.support.raw import one_row_per, raw_rows
 from transforms.model import token_math
 from transforms.pages.sizes import low_detail_size
 
@@ -37,14 +38,18 @@ def extracted(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path) ->
     (inputs / "scan.png").write_bytes(docmaker.scanned_png())
     (inputs / "corrupt.pdf").write_bytes(docmaker.truncated_pdf())
     output = tmp_path_factory.mktemp("out")
-    code = cli.main(["run", "--input", str(inputs), "--output", str(output), "--run-id", "x1", "--schema", "invoice",
-                     "--model", str(test_model_dir), "--model-revision", "tiny", "--max-tokens", "384",
-                     "--kv-cache-gib", "0.25", "--max-side", "800", "--progress-every-s", "0",
-                     # One worker process: copies of a page in two processes can both reach the model (documented
-                     # in docs/extraction.md), and these tests check the in-process `duplicate` rows.
-                     "--workers", "1"])
+    code = cli.main(run_argv(inputs, output, test_model_dir))
     assert code == 0
     return output
+
+
+def run_argv(inputs: Path, output: Path, model: Path) -> list[str]:
+    return ["run", "--input", str(inputs), "--output", str(output), "--run-id", "x1", "--schema", "invoice",
+            "--model", str(model), "--model-revision", "tiny", "--max-tokens", "384",
+            "--kv-cache-gib", "0.25", "--max-side", "800", "--progress-every-s", "0",
+            # One worker process: copies of a page in two processes can both reach the model (documented
+            # in docs/extraction.md), and these tests check the in-process `duplicate` rows.
+            "--workers", "1"]
 
 
 def test_every_extraction_validates_against_the_invoice_schema(extracted: Path, test_model_dir: Path) -> None:
@@ -127,3 +132,31 @@ def test_bad_schema_stops_before_the_pipeline(tmp_path: Path, capsys: pytest.Cap
     assert code == 2
     assert "maxLength" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_resume_after_every_page_was_written_gives_the_outcomes_of_the_run_and_calls_no_model(
+        extracted: Path, test_model_dir: Path, tmp_path: Path) -> None:
+    """The fault: the invocation was killed after its pages and ledger rows were written and before any
+    `documents` row (the multi-host drill met it: a document answered in full before the kill came back
+    `cached`, "reused from an earlier run", from the resume). The resume must give each document the outcome the
+    uninterrupted run gave it, write no page again and call no model."""
+    output = tmp_path / "out"
+    shutil.copytree(extracted, output)
+    for part in [*(output / "documents").rglob("*.parquet"), *(output / "listings").rglob("*.done")]:
+        part.unlink()  # no documents row, no finished wave
+    shutil.rmtree(output / "runs")
+    pages_before = one_row_per(raw_rows(output, "pages", "x1"), "doc_sha256", "page_index")
+    ledger_before = one_row_per(raw_rows(output, "ledger", "x1"), "doc_sha256", "page_index")
+    inputs = Path(next(iter(raw_rows(extracted, "documents")))["source_uri"]).parent
+    assert cli.main(run_argv(inputs, output, test_model_dir)) == 0
+    first = {d["source_uri"]: d["outcome"] for d in raw_rows(extracted, "documents")}
+    again = {d["source_uri"]: d["outcome"] for d in one_row_per(raw_rows(output, "documents"), "source_uri").values()}
+    assert again == first and "cached" not in again.values()
+    pages = one_row_per(raw_rows(output, "pages", "x1"), "doc_sha256", "page_index")
+    assert {k: (r["status"], r["created_at"]) for k, r in pages.items()} == \
+        {k: (r["status"], r["created_at"]) for k, r in pages_before.items()}  # the first invocation's rows
+    ledger = one_row_per(raw_rows(output, "ledger", "x1"), "doc_sha256", "page_index")
+    assert {k: (r["route"], r["cost_usd"]) for k, r in ledger.items()} == \
+        {k: (r["route"], r["cost_usd"]) for k, r in ledger_before.items()}  # nothing paid twice, nothing lost
+    manifest = json.loads((output / "runs" / "tenant=default" / "x1.json").read_text())
+    assert manifest["this_invocation"]["model_calls"] == 0, manifest["this_invocation"]

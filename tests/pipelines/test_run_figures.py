@@ -17,8 +17,8 @@ import pytest
 
 from pipelines import cli
 from pipelines.run import graph
-from tests import docmaker
-from tests.pipelines.raw import one_row_per, raw_rows
+from tests.support import docmaker
+from tests.support.raw import one_row_per, raw_rows
 from transforms.engines.simulated import SimulatedEngine
 
 ANSWER = json.dumps({"vendor_name": None, "invoice_number": None, "issue_date": None, "due_date": None,

@@ -17,10 +17,10 @@ import pytest
 from pipelines import cli
 from pipelines.run.run import summary
 from pipelines.tables import sql
-from schemas.records import REASON_CODES
+from schemas.reasons import REASON_CODES
 from schemas.statuses import OUTCOMES, PAGE_STATUSES
-from tests import docmaker
-from tests.pipelines.raw import one_row_per, raw_rows
+from tests.support import docmaker
+from tests.support.raw import one_row_per, raw_rows
 
 MAX_BYTES = 1_000_000
 MAX_SIDE = 640  # smaller than the default: quicker, and checks that the flag reaches the page stage

@@ -4,11 +4,9 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -18,39 +16,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines import cli
-from pipelines.config.storage import StorageConfig, configure
+from pipelines.config.storage import configure
 from pipelines.tables import sql
 from schemas import tables
-from tests import docmaker
 from tests.conftest import vllm_available
+from tests.support import docmaker
+from tests.support.moto_s3 import client, docs, flags, make_bucket, start_moto, stop_moto, storage
 from transforms.store.write import write_rows
 
 pytest.importorskip("moto")
-boto3 = pytest.importorskip("boto3")
 REPO = Path(__file__).resolve().parents[2]
-
-
-def start_moto(extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
-    """A real S3 server (moto) on 127.0.0.1, port 0, in its own process: flask must not be imported
-    into the test process, where vLLM's in-process engine trips over flask's context proxies."""
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
-                            env={**os.environ, **(extra_env or {})}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 60
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        found = re.search(r"Running on (http://127\.0\.0\.1:\d+)", proc.stdout.readline())
-        if found:
-            # Keep reading its request log, or the pipe fills and the server blocks.
-            threading.Thread(target=proc.stdout.read, daemon=True).start()
-            return proc, found.group(1)
-    proc.kill()
-    raise RuntimeError("moto server did not start")
-
-
-def stop_moto(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -58,33 +33,6 @@ def s3() -> Iterator[dict[str, str]]:
     proc, endpoint = start_moto()
     yield {"endpoint": endpoint, "key": "testing", "secret": "testing", "region": "us-east-1"}
     stop_moto(proc)
-
-
-def client(s3: dict[str, str]):
-    return boto3.client("s3", endpoint_url=s3["endpoint"], aws_access_key_id=s3["key"],
-                        aws_secret_access_key=s3["secret"], region_name=s3["region"])
-
-
-def flags(s3: dict[str, str]) -> list[str]:
-    return ["--s3-endpoint-url", s3["endpoint"], "--s3-access-key-id", s3["key"], "--s3-secret-access-key",
-            s3["secret"], "--s3-region", s3["region"]]
-
-
-def storage(s3: dict[str, str]) -> StorageConfig:
-    return StorageConfig(s3_endpoint_url=s3["endpoint"], s3_region=s3["region"], s3_access_key_id=s3["key"],
-                         s3_secret_access_key=s3["secret"])
-
-
-def make_bucket(s3: dict[str, str], name: str, objects: dict[str, bytes]) -> None:
-    c = client(s3)
-    c.create_bucket(Bucket=name)
-    for key, body in objects.items():
-        c.put_object(Bucket=name, Key=key, Body=body)
-
-
-def docs(output: str, s3: dict[str, str], where: str = "true") -> list[dict]:
-    columns, values = sql.query(output, f"SELECT * FROM documents WHERE {where}", storage(s3))
-    return [dict(zip(columns, v, strict=True)) for v in values]
 
 
 def raw_keys(s3: dict[str, str], bucket: str, prefix: str, table: str, keys: tuple[str, ...]) -> Counter:
@@ -199,8 +147,11 @@ def test_storage_errors_are_one_clear_line(s3: dict[str, str], s3_with_auth: str
     assert "Traceback" not in proc.stderr
 
 
+DOCS = 20  # two pages each
+
+
 def test_killed_run_resumes_without_duplicates_or_losses(s3: dict[str, str], tmp_path: Path) -> None:
-    objects = {f"in/doc-{i:03d}.pdf": docmaker.multipage_pdf(2, title=f"Report {i}") for i in range(40)}
+    objects = {f"in/doc-{i:03d}.pdf": docmaker.multipage_pdf(2, title=f"Report {i}") for i in range(DOCS)}
     make_bucket(s3, "resume", objects)
     args = ["run", "--input", "s3://resume/in/", "--output", "s3://resume/out", "--run-id", "k1", "--extract",
             "false", "--progress-every-s", "0", *flags(s3)]
@@ -223,14 +174,14 @@ def test_killed_run_resumes_without_duplicates_or_losses(s3: dict[str, str], tmp
     partial = {table: sum(raw_keys(s3, "resume", "out", table, keys).values()) for table, keys in
                (("documents", ("run_id", "source_uri")), ("pages", ("run_id", "doc_sha256", "page_index")),
                 ("ledger", ("run_id", "doc_sha256", "page_index")))}
-    assert partial["pages"] >= 1 and sum(partial.values()) < 40 + 80 + 80, partial
+    assert partial["pages"] >= 1 and sum(partial.values()) < DOCS + 2 * DOCS + 2 * DOCS, partial
     assert c.list_objects_v2(Bucket="resume", Prefix="out/runs/").get("KeyCount", 0) == 0
     assert cli.main(args) == 0
     assert c.list_objects_v2(Bucket="resume", Prefix="out/runs/tenant=default/k1.json").get("KeyCount", 0) == 1
     page_keys = raw_keys(s3, "resume", "out", "pages", ("run_id", "doc_sha256", "page_index"))
     doc_keys = raw_keys(s3, "resume", "out", "documents", ("run_id", "source_uri"))
-    assert len(doc_keys) == 40 and set(doc_keys.values()) == {1}
-    assert len(page_keys) == 80 and set(page_keys.values()) == {1}
+    assert len(doc_keys) == DOCS and set(doc_keys.values()) == {1}
+    assert len(page_keys) == 2 * DOCS and set(page_keys.values()) == {1}
     ledger_keys = raw_keys(s3, "resume", "out", "ledger", ("run_id", "doc_sha256", "page_index"))
     assert ledger_keys == page_keys
 

@@ -1,5 +1,5 @@
 """Drill: S3 that returns 500s and throttles. A real S3 server (moto on loopback) behind a fault-injecting
-proxy (tests/s3_faults.py). Faults that pass are retried and the run ends with every row right; an object
+proxy (tests/support/s3_faults.py). Faults that pass are retried and the run ends with every row right; an object
 whose reads keep failing past --s3-max-attempts ends as a `documents` row with `storage_error` (a system
 failure: exit code 1), and the run goes on without losing any other document."""
 from __future__ import annotations
@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from pipelines import cli
-from tests import docmaker
-from tests.pipelines.raw import one_row_per, raw_rows
-from tests.s3_faults import INTERNAL_ERROR, SLOW_DOWN, FaultProxy
+from tests.support import docmaker
+from tests.support.raw import one_row_per, raw_rows
+from tests.support.s3_faults import INTERNAL_ERROR, SLOW_DOWN, FaultProxy
 
 pytest.importorskip("moto")
-from tests.pipelines.test_s3 import make_bucket, start_moto, stop_moto
+from tests.support.moto_s3 import make_bucket, start_moto, stop_moto
 
 S3 = {"key": "testing", "secret": "testing", "region": "us-east-1"}
 OBJECTS = {"in/invoice.pdf": docmaker.invoice_pdf(), "in/report.pdf": docmaker.multipage_pdf(3),

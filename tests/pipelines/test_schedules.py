@@ -25,7 +25,7 @@ from pipelines.tables import sql
 from schemas import tables
 from schemas.layout import partition
 from schemas.records import ListedObject
-from tests import docmaker
+from tests.support import docmaker
 from transforms.intake.listing import in_window
 from transforms.store.write import write_rows
 

@@ -13,8 +13,8 @@ import pytest
 
 from pipelines import cli
 from pipelines.config.storage import StorageConfig, command_line_secrets, configure
-from tests import docmaker
-from tests.transforms.child_probe import DIR_VAR, SECRET_VAR
+from tests.support import docmaker
+from tests.support.child_probe import DIR_VAR, SECRET_VAR
 from transforms.hints.ocr import tesseract_env
 
 SECRET = "pagemill-test-secret-0f3c9a7e51"
@@ -49,11 +49,11 @@ exit 1
 
 
 def test_secret_stays_out_of_children_manifest_and_output(tmp_path: Path) -> None:
-    """Also from inside the render child (a --safety-check that probes, tests/transforms/child_probe.py): the
+    """Also from inside the render child (a --safety-check that probes, tests/support/child_probe.py): the
     environment of its worker (PIPELINE_OPTIONS, the keys among them), of Beam's shell and of the launcher (the
     secret planted there too) cannot be read. That part fails before the fix: the worker's was readable."""
     pytest.importorskip("moto")
-    from tests.pipelines.test_s3 import client, make_bucket, start_moto, stop_moto
+    from tests.support.moto_s3 import client, make_bucket, start_moto, stop_moto
 
     proc, endpoint = start_moto()
     try:
@@ -73,7 +73,7 @@ def test_secret_stays_out_of_children_manifest_and_output(tmp_path: Path) -> Non
                 "--s3-endpoint-url", endpoint, "--s3-region", "us-east-1",
                 "--s3-access-key-id", s3["key"], "--s3-secret-access-key", SECRET,
                 "--direct_running_mode=multi_processing", "--direct_num_workers=2",
-                "--safety-check", "tests.transforms.child_probe:ProbeCheck"]
+                "--safety-check", "tests.support.child_probe:ProbeCheck"]
         run = subprocess.run([sys.executable, "-m", "pipelines.cli", *args], env=env, capture_output=True,
                              text=True, timeout=300)
         assert run.returncode == 0, run.stderr[-3000:]

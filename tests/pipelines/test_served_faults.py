@@ -1,5 +1,5 @@
 """`pagemill run --engine openai` against a misbehaving endpoint (the fault injector of
-tests/transforms/engines/served_faults.py, a real HTTP server on 127.0.0.1; no model): an answer whose usage
+tests/support/served_faults.py, a real HTTP server on 127.0.0.1; no model): an answer whose usage
 counts are not counts fails its own page as `invalid_response`, and the run goes on and finishes."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from pipelines import cli
-from tests import docmaker
-from tests.pipelines.raw import one_row_per, raw_rows
-from tests.transforms.engines.served_faults import Injector, completion, fault_server
+from tests.support import docmaker
+from tests.support.raw import one_row_per, raw_rows
+from tests.support.served_faults import Injector, completion, fault_server
 
 FLAGS = ["--schema", "invoice", "--engine", "openai", "--model", "tiny", "--max-tokens", "256",
          "--progress-every-s", "0", "--workers", "1", "--concurrency", "1", "--nsfw-classifier", "none"]

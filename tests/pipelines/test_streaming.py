@@ -9,14 +9,14 @@ import pytest
 
 from pipelines import cli
 from pipelines.tables import sql
-from tests import docmaker
 from tests.conftest import vllm_available
+from tests.support import docmaker
 from transforms.hints.ocr import available_languages
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)"),
               pytest.mark.skipif("eng" not in available_languages(), reason="tesseract with eng is not installed")]
-SCANS = 40
+SCANS = 20
 
 
 def test_model_results_come_back_while_pages_are_still_being_ocrd(tmp_path: Path, test_model_dir: Path) -> None:

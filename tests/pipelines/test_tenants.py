@@ -17,8 +17,8 @@ from pipelines import cli
 from pipelines.tables import queries, report, sql
 from schemas import tables
 from schemas.layout import partition
-from tests import docmaker
-from tests.pipelines.raw import raw_rows
+from tests.support import docmaker
+from tests.support.raw import raw_rows
 from transforms.store.files import tenant_files
 from transforms.store.write import write_rows
 

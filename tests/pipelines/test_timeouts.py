@@ -20,10 +20,10 @@ from pipelines import cli
 from pipelines.config.options import PagemillOptions
 from pipelines.run.graph import build_pipeline
 from pipelines.run.settings import run_settings
-from tests import docmaker
 from tests.conftest import CORPUS
-from tests.pipelines.raw import one_row_per, raw_rows
-from tests.transforms.intake.test_intake_timed import MARK, hangs_on_mark
+from tests.support import docmaker
+from tests.support.intake_hangs import MARK, hangs_on_mark
+from tests.support.raw import one_row_per, raw_rows
 
 REPO = Path(__file__).resolve().parents[2]
 SLOW_PAGES = 40
@@ -38,7 +38,7 @@ def test_slow_pdf_times_out_and_the_run_goes_on(tmp_path: Path, mode: list[str])
     (inputs / "slow.pdf").write_bytes(docmaker.slow_pdf(SLOW_PAGES))
     (inputs / "normal.pdf").write_bytes(docmaker.multipage_pdf(2))
     args = ["run", "--input", str(inputs), "--output", str(out), "--run-id", "t", "--extract", "false",
-            "--hints", "none", "--nsfw-classifier", "none", "--document-timeout-s", "20",
+            "--hints", "none", "--nsfw-classifier", "none", "--document-timeout-s", "10",
             "--progress-every-s", "0", *mode]
     start = time.monotonic()
     # The subprocess limit is the hang guard: 40 pages of this stream take many minutes unstopped.

@@ -3,8 +3,6 @@ rows one pipeline over the whole listing gives (dedup global across waves), show
 and a run killed in its third wave resumes without reading the first two waves' objects again."""
 from __future__ import annotations
 
-import io
-import json
 import os
 import signal
 import subprocess
@@ -14,46 +12,19 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from PIL import Image
 
 from pipelines import cli
 from pipelines.run import graph
 from pipelines.run.waves import merge_metrics, wave_files, wave_of
-from tests import docmaker
-from tests.conftest import vllm_available
-from tests.pipelines.raw import one_row_per, raw_rows
+from tests.support import docmaker
+from tests.support.raw import one_row_per, raw_rows
+from tests.support.wave_inputs import RENDER_ONLY, make_inputs, manifest
 from transforms.hints.ocr import OcrResult
 from transforms.intake.dedup import kept_by_sha
 from transforms.store.listing_file import first_wave, wave_chunks
 
 ROOT = Path(__file__).resolve().parents[2]
 LIVENESS_S = 300  # a wait for a run to reach a point: far above what it takes, never a speed bound
-RENDER_ONLY = ["--extract", "false", "--nsfw-classifier", "none", "--hints", "none", "--workers", "1"]
-
-
-def png(i: int) -> bytes:
-    """A distinct one-page PNG: its own bytes, its own page hash."""
-    image = Image.new("L", (24, 24), 255)
-    for bit in range(16):
-        image.putpixel((bit, 0), 0 if i >> bit & 1 else 255)
-    out = io.BytesIO()
-    image.save(out, "PNG")
-    return out.getvalue()
-
-
-def make_inputs(folder: Path, n: int, copies: dict[str, int] | None = None) -> list[str]:
-    folder.mkdir(parents=True)
-    for i in range(n):
-        (folder / f"p{i:04d}.png").write_bytes(png(i))
-    for name, of in (copies or {}).items():
-        (folder / name).write_bytes(png(of))
-    return sorted(str(p) for p in folder.iterdir())
-
-
-def manifest(output: Path, run_id: str) -> dict:
-    """The run's manifest, wherever the layout puts it under `runs/`."""
-    (path,) = (output / "runs").rglob(f"{run_id}.json")
-    return json.loads(path.read_text())
 
 
 # Pure ----------------------------------------------------------------------------------------------
@@ -140,13 +111,12 @@ def test_progress_lines_while_the_run_works(tmp_path: Path, monkeypatch: pytest.
     assert all("/12 documents" in line for line in lines)
 
 
-
 def pagemill(inputs: Path, output: Path, run_id: str, log: Path, stop: tuple[int, int, Path] | None = None,
              ) -> subprocess.Popen:
     """`pagemill run` in a child process (killable); `stop` = (wave, n, marker): its documents writer blocks once
-    n rows of that wave are on disk (tests/pipelines/wave_faults.py), and says so in `marker`."""
+    n rows of that wave are on disk (tests/support/wave_faults.py), and says so in `marker`."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    head = ["-m", "tests.pipelines.wave_faults", *map(str, stop)] if stop else ["-m", "pipelines.cli"]
+    head = ["-m", "tests.support.wave_faults", *map(str, stop)] if stop else ["-m", "pipelines.cli"]
     argv = [sys.executable, *head, "run", "--input", str(inputs), "--output", str(output), "--run-id", run_id,
             "--progress-every-s", "0", "--wave-objects", "4", "--flush-rows", "1", *RENDER_ONLY,
             "--document-timeout-s", "0", "--page-timeout-s", "0"]
@@ -239,39 +209,3 @@ def test_a_resume_reads_the_durable_listing_and_reports_this_invocation_only(
     assert out[0].startswith("pagemill: 2 documents, 5 pages in ")
     assert out[0].endswith("model calls 0 by this invocation; waves run 1 of 2 (1 finished before)")
     assert out[1:4] == ["  the run:  3 documents, 6 pages in all", "  outcomes: rendered 3", "  pages:    rendered 6"]
-
-
-@pytest.mark.vllm
-@pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")
-def test_the_machine_engine_stays_up_across_waves(tmp_path: Path, test_model_dir: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two worker processes feed the machine's engine service; two waves, the boundary between them made longer
-    than the service's idle exit (the fault: a slow wave start): one engine start for the whole run."""
-    from pipelines.run import waves
-    from transforms.engines.machine import IDLE_EXIT_S
-
-    one_wave = waves._one_wave
-
-    waves_started: list[object] = []
-
-    def slow_boundary(*args: object, **kwargs: object) -> dict:
-        if waves_started:  # before a later wave's pipeline: longer than the service waits for a worker
-            time.sleep(IDLE_EXIT_S + 3)
-        waves_started.append(args)
-        return one_wave(*args, **kwargs)
-
-    monkeypatch.setattr(waves, "_one_wave", slow_boundary)
-    (tmp_path / "in").mkdir()
-    for i in range(3):
-        (tmp_path / "in" / f"invoice-{i}.pdf").write_bytes(docmaker.invoice_pdf(seed=i))
-    service = tmp_path / "engine"
-    code = cli.main(["run", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--run-id", "e",
-                     "--schema", "invoice", "--model", str(test_model_dir), "--model-revision", "tiny",
-                     "--max-tokens", "32", "--max-attempts", "1", "--kv-cache-gib", "0.25", "--max-side", "600",
-                     "--progress-every-s", "0", "--hints", "text_layer", "--wave-objects", "2",
-                     "--direct_running_mode", "multi_processing", "--direct_num_workers", "2",
-                     "--engine-service-dir", str(service)])
-    assert code == 0
-    assert manifest(tmp_path / "out", "e")["waves"]["ran"] == len(waves_started) == 2  # 1 and 2 objects
-    starts = (service / "starts").read_text().splitlines()
-    assert len(starts) == 1, starts

@@ -19,11 +19,12 @@ from typing import Any
 import pytest
 
 from pipelines import cli
+from schemas.reasons import TIMEOUT, WORKER_CRASHED
 from schemas.records import DocumentRow, PageRow
-from tests import docmaker
-from tests.pipelines.raw import raw_rows
+from tests.support import docmaker
+from tests.support.raw import raw_rows
 from transforms import child_process
-from transforms.child_process import CRASHED, TIMEOUT, BadReply, ChildStartError, ChildWorker, load_reply
+from transforms.child_process import BadReply, ChildStartError, ChildWorker, load_reply
 
 
 def echo(*args: object) -> Iterator[object]:
@@ -66,7 +67,7 @@ def test_a_child_that_dies_is_reported_and_replaced() -> None:
     worker = ChildWorker(exits)
     try:
         replies, stopped, detail = worker.ask((7,), 30)
-        assert (replies, stopped) == ([], CRASHED) and "exit code 7" in detail, detail
+        assert (replies, stopped) == ([], WORKER_CRASHED) and "exit code 7" in detail, detail
         assert worker.proc is None  # forgotten: the next request starts another
     finally:
         worker.stop()
@@ -143,8 +144,8 @@ def test_a_child_that_sends_an_object_is_a_crash_of_that_request_only() -> None:
     worker = ChildWorker(sends_a_callable)
     try:
         replies, stopped, detail = worker.ask((), 60)
-        assert (replies, stopped) == ([], CRASHED) and "posix.system" in detail, detail
-        assert worker.ask((), 60)[1] == CRASHED and worker.started == 2  # each request gets a fresh child
+        assert (replies, stopped) == ([], WORKER_CRASHED) and "posix.system" in detail, detail
+        assert worker.ask((), 60)[1] == WORKER_CRASHED and worker.started == 2  # each request gets a fresh child
     finally:
         worker.stop()
 
@@ -184,3 +185,19 @@ def test_a_run_whose_children_cannot_start_fails_and_says_why(tmp_path: Path, mo
     assert code == 1, err[-3000:]
     said = "run r failed: ChildStartError: the intake process could not start: it exited with code 1"
     assert said in err, err[-3000:]
+
+
+def test_the_childrens_work_modules_import_neither_beam_nor_the_model() -> None:
+    """A render or intake child starts per worker and again after every timeout, in a fresh interpreter: its
+    modules' imports are paid each time. Beam's (~1 s of CPU) was, through the DoFns that sat beside the render,
+    hint and gate functions (they now live in each stage's stage.py)."""
+    from transforms.child_process import child_env
+
+    heavy = ("apache_beam", "torch", "vllm", "pyarrow", "boto3")
+    code = ("import sys\n"
+            "import transforms.document_work.work, transforms.pages.render, transforms.intake.inspection\n"
+            f"print(sorted(m for m in {heavy!r} if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-P", "-c", code], env=child_env(os.environ, sys.path),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -1,6 +1,6 @@
 """A pagemill child cannot read the environment of the processes above it (transforms/child_sandbox.py), tested
 from inside a ChildWorker's child (the render and intake workers' plumbing): a launcher process holds a secret in
-its environment and asks its child to read /proc/<pid>/environ of every ancestor (tests/transforms/child_probe.py).
+its environment and asks its child to read /proc/<pid>/environ of every ancestor (tests/support/child_probe.py).
 
 Each layer is tested where it is the one that holds: the child's own user namespace; where a seccomp filter or
 the kernel refuses that (a sitecustomize in the child makes `unshare` fail, the fault injected), a root child
@@ -25,7 +25,7 @@ LAUNCHER = """
 import ctypes, json, os, sys
 from transforms import child_sandbox
 from transforms.child_process import ChildWorker
-from tests.transforms.child_probe import probe
+from tests.support.child_probe import probe
 
 libc = ctypes.CDLL(None, use_errno=True)
 if sys.argv[1] == "unprivileged":

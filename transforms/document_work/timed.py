@@ -25,11 +25,13 @@ from dataclasses import dataclass
 
 from apache_beam.metrics import Metrics
 
+from schemas.reasons import RENDER_FAILED, TIMEOUT, WORKER_CRASHED
 from schemas.records import DocumentRecord, PageImage, PageRow
-from transforms.child_process import DONE, BadReply, ChildWorker, _wait_s
+from transforms.child_process import DONE, BadReply, ChildWorker, wait_s
 from transforms.document_work.work import DocumentWork, PageStages, RenderFn
 from transforms.intake.reading import ObjectReader
-from transforms.pages.render import RenderPagesDoFn, RenderSettings, failed_page, render_document
+from transforms.pages.render import RenderSettings, failed_page, render_document
+from transforms.pages.stage import RenderPagesDoFn
 from transforms.safety.blocklist import load_blocklists
 
 
@@ -116,18 +118,18 @@ class RenderWorker(ChildWorker):
         except (EOFError, OSError) as err:  # the child died between documents (one that cannot start raises)
             code = self.exit_code()
             self.stop()
-            yield from missing_pages(doc, set(), "worker_crashed", f"render worker unavailable: {err} (exit {code})")
+            yield from missing_pages(doc, set(), WORKER_CRASHED, f"render worker unavailable: {err} (exit {code})")
             return
         seen: set[int] = set()
         while True:
             page_deadline = time.monotonic() + limits.page_timeout_s if limits.page_timeout_s > 0 else float("inf")
             try:
-                ready = conn.poll(_wait_s(time.monotonic(), doc_deadline, page_deadline))
+                ready = conn.poll(wait_s(time.monotonic(), doc_deadline, page_deadline))
                 message = self.receive() if ready else None
             except (EOFError, OSError):
                 code = self.exit_code()
                 self.stop()
-                yield from missing_pages(doc, seen, "worker_crashed",
+                yield from missing_pages(doc, seen, WORKER_CRASHED,
                                          f"the render worker died on this document (exit code {code})")
                 return
             except (BadReply, pickle.UnpicklingError) as err:
@@ -143,15 +145,15 @@ class RenderWorker(ChildWorker):
                 else:
                     why = f"a page took over --page-timeout-s {limits.page_timeout_s:g} to render, check and hint"
                 done = f"{len(seen)} of {len(doc.page_indices)} pages done"
-                yield from missing_pages(doc, seen, "timeout", f"{done}; {why}")
+                yield from missing_pages(doc, seen, TIMEOUT, f"{done}; {why}")
                 return
             if message == DONE:
-                yield from missing_pages(doc, seen, "render_failed", "the renderer produced no row for this page")
+                yield from missing_pages(doc, seen, RENDER_FAILED, "the renderer produced no row for this page")
                 return
             problem = reply_problem(doc, seen, message)
             if problem is not None:  # a child this document subverted: replaced, and it fails its pages
                 self.stop()
-                yield from missing_pages(doc, seen, "worker_crashed",
+                yield from missing_pages(doc, seen, WORKER_CRASHED,
                                          f"the render worker broke the protocol on this document: {problem}"[:500])
                 return
             assert isinstance(message, PageImage | PageRow)

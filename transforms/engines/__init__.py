@@ -1,27 +1,44 @@
-"""Engines: what answers a page (vLLM in process, one engine per machine, a served endpoint, a simulated engine for
-benchmarks), behind one contract (base.py), made by `make` from their settings."""
+"""Engines: what answers a page, behind one contract (base.py), made by `make` from their settings. One room per
+backend, one name in the flag, the settings' kind, the class and the room:
+- vllm_local/: vLLM in the worker's own process (VllmLocalSettings, VllmLocalEngine);
+- vllm_machine/: one vLLM engine per machine, a service process fed by every worker (VllmMachineSettings,
+  VllmMachineEngine);
+- openai/: an OpenAI-compatible endpoint (OpenAISettings, OpenAIEngine);
+- simulated.py: a simulated engine of fixed capacity, for benchmarks (SimulatedSettings, SimulatedEngine);
+- vllm_shared/: what both vLLM backends share (chat template and token fit, repetition guard, heap trimming)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Union
 
 if TYPE_CHECKING:
     from transforms.engines.base import PageEngine
+    from transforms.engines.openai.settings import OpenAISettings
+    from transforms.engines.simulated import SimulatedSettings
+    from transforms.engines.vllm_local.settings import VllmLocalSettings
+    from transforms.engines.vllm_machine.settings import VllmMachineSettings
+
+# The one engine choice of a run: a value of one of these (RunSettings.engine).
+EngineChoice = Union["VllmLocalSettings", "VllmMachineSettings", "OpenAISettings", "SimulatedSettings"]
 
 
-def make(settings: Any) -> PageEngine:
-    """The engine for `settings` (EngineSettings: "local" or "machine"; EndpointSettings: "served"), by its
-    `kind`. Imports are lazy: importing transforms.engines loads neither vLLM nor the HTTP client."""
+def make(settings: EngineChoice) -> PageEngine:
+    """The engine for `settings`, by its `kind`: the only maker of engines. Imports are lazy: importing
+    transforms.engines loads neither vLLM nor the HTTP client."""
     kind = settings.kind
-    if kind == "served":
-        from transforms.engines.served import OpenAIEngine
+    if kind == "vllm_local":
+        from transforms.engines.vllm_local.engine import VllmLocalEngine
+
+        return VllmLocalEngine(settings)
+    if kind == "vllm_machine":
+        from transforms.engines.vllm_machine.engine import VllmMachineEngine
+
+        return VllmMachineEngine(settings)
+    if kind == "openai":
+        from transforms.engines.openai.engine import OpenAIEngine
 
         return OpenAIEngine(settings)
-    if kind == "machine":
-        from transforms.engines.machine import RemoteEngine
+    if kind == "simulated":
+        from transforms.engines.simulated import SimulatedEngine
 
-        return RemoteEngine(settings)
-    if kind == "local":
-        from transforms.engines.local import Engine
-
-        return Engine(settings)
+        return SimulatedEngine(slots=settings.slots, seconds=settings.seconds, text=settings.text)
     raise ValueError(f"no engine of kind {kind!r}")

@@ -1,21 +1,26 @@
 """The engine contract: what the extraction feed (transforms/extract/feed.py) asks of any engine, in one place.
 
-An engine answers pages. Every engine (vLLM in this process: local.py; one engine per machine behind a socket:
-machine.py; an OpenAI-compatible endpoint: served.py; the simulated engine of benchmarks: simulated.py) is made
-by `transforms.engines.make(settings)` from its settings' `kind`, and implements `PageEngine`:
+An engine answers pages. Each backend has one name, the same in the `--engine` value, its settings' `kind`, its
+class and its room: `vllm_local` (VllmLocalSettings, VllmLocalEngine: vLLM in this process, vllm_local/),
+`vllm_machine` (VllmMachineSettings, VllmMachineEngine: one engine per machine behind a socket, vllm_machine/),
+`openai` (OpenAISettings, OpenAIEngine: an OpenAI-compatible endpoint, openai/) and `simulated` (SimulatedSettings,
+SimulatedEngine: benchmarks and tests, simulated.py); the two vLLM backends share vllm_shared/. Every engine is
+made by `transforms.engines.make(settings)`, the only maker, from its settings' `kind`, and implements `PageEngine`:
 
 - `start()`: make the engine ready (a no-op when it is); engines also start on first use.
 - `prepare(PageRequest) -> Prepared`: the engine's own request for one page, built once and reused by every
-  attempt (the vLLM engines: chat template, token budget fit and decoded image, templated.py; the served engine:
-  the OpenAI messages with the page as a data URL). A `PageRequest` is neutral: the page's encoded bytes
-  (`PageSource`), the prompt's parts (`PromptParts`: each engine strips control tokens and applies its own
-  template) and the token budget (`TokenBudget`).
-- `submit(Prepared, Sampling) -> Future[Completion]`: one attempt. `Sampling` is pagemill's decoding settings;
-  each engine turns it into its own form (vLLM SamplingParams, the served body's fields, JSON on the wire).
+  attempt (the vLLM engines: chat template, token budget fit and decoded image, vllm_shared/templated.py; the
+  OpenAI engine: the OpenAI messages with the page as a data URL, openai/prompt.py). A `PageRequest` is neutral:
+  the page's encoded bytes (`PageSource`), the prompt's parts (`PromptParts`: what to ask, a JSON schema or a
+  prompt's words, never an output format object; each engine strips its model's control tokens from the hint and
+  applies its own template) and the token budget (`TokenBudget`).
+- `submit(Prepared, Sampling) -> Future[Completion]`: one attempt. `Sampling` is pagemill's decoding settings and
+  what constrains the answer (a JSON schema or a regex); each engine turns it into its own form (vLLM
+  SamplingParams, the endpoint body's fields, JSON on the machine engine's wire).
   A `Completion`'s `Answer` carries its text, finish reason and token counts (image, text, output, cached
   prompt tokens) as the engine counted them, so the feed needs no tokenizer.
 - `abort(future)`: give up on one request (--answer-timeout-s), freeing its sequence; the feed has already
-  ended the page (a served engine has nothing to free: its late answer is not read).
+  ended the page (the OpenAI engine has nothing to free: its late answer is not read).
 - `restart(seen)`: re-create a dead engine, unless it moved on from start number `seen` already (`starts`).
 - `shutdown()`: stop and free the engine (the last user of a process's feed is gone); used again, it starts again.
 - `sequences()`: how many requests it runs at once (the feed keeps about twice that in flight).
@@ -28,6 +33,16 @@ Failures are classes, raised by `prepare` or set on a submit's future:
 - `EngineDead`: the engine died: the feed restarts it once and resubmits the page. From `prepare` (the
   engine cannot start, its tokenizer cannot load) the page fails `engine_error` saying why.
 The feed takes any other exception from an engine as `EngineDead` (the conservative reading).
+
+Where kinds differ (every kind passes the one contract suite, tests/transforms/engines/contract_suite.py, which
+asserts these): an answer's image tokens are the page's (at the size sent) and its text tokens are the count
+`prepare` made (`Prepared.text_tokens`), except for an endpoint, whose server counts the prompt (`text_tokens` 0
+there). A prompt over the engine's context is `RequestRejected` by the vLLM engines, `RequestFailed`
+`over_token_budget` from an endpoint (its HTTP 400); the simulated engine has no context and answers it.
+An endpoint cannot free an aborted request (its answer still comes, unread), and cannot restart its server: a
+server that is gone fails its requests `RequestFailed` `server_error` (the endpoint is then marked down),
+`restart` is a no-op and `starts` counts only the client's starts. The simulated engine has no process to die;
+its `restart(seen)` counts a start once per `seen`, like the others.
 """
 from __future__ import annotations
 
@@ -36,7 +51,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from transforms.model.markdown import MarkdownFormat
+from transforms.model.prompt import PromptText, json_prompt
 
 
 class RequestRejected(Exception):
@@ -69,13 +84,20 @@ class PageSource:
 
 @dataclass(frozen=True)
 class PromptParts:
-    """What the prompt is made of: the JSON schema (or the markdown format), the page's hint, the layout."""
+    """What the prompt asks for. With `text` None: an answer of the JSON schema `schema` (pagemill's JSON prompt,
+    transforms.model.prompt.json_prompt, in `layout`). Else the words of `text` (the extract stage's, e.g. a markdown
+    format's) and no JSON constraint. `hint`: the page's text, which each engine cleans of its model's control
+    tokens; `schema_id`: the answer's name (an endpoint's response_format)."""
 
     schema: Mapping[str, Any]
     schema_id: str
     hint: str
     layout: str
-    markdown: MarkdownFormat | None = None
+    text: PromptText | None = None
+
+    def words(self) -> PromptText:
+        """The prompt's words, whatever the engine (transforms.model.prompt.prompt_messages makes its messages)."""
+        return self.text if self.text is not None else json_prompt(self.schema, self.layout)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""A simulated engine of fixed capacity, for benchmarks and tests of the feed, never a product default.
+"""`--engine simulated`: a simulated engine of fixed capacity (SimulatedSettings, SimulatedEngine), for benchmarks and
+tests of the feed, never a product default.
 
 It models a GPU with continuous batching and no CPU cost: `slots` requests run at once, each for
 `seconds` of wall time from when it gets a slot; the rest wait in a queue. Its output is a fixed
@@ -13,13 +14,24 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from transforms.engines.base import Answer, Completion, EngineDead, PageRequest, Prepared, Sampling
-from transforms.engines.templated import Templated
+from transforms.engines.vllm_shared.templated import Templated
 from transforms.model import token_math
 
 PAGE_TEXT = '{"language": "en", "lines": ["simulated"], "tables": []}'
+
+
+@dataclass(frozen=True)
+class SimulatedSettings:
+    """`slots` requests at once, `seconds` each; `text` is every request's output (`--engine simulated`)."""
+
+    slots: int = 16
+    seconds: float = 0.5
+    text: str = PAGE_TEXT
+
+    kind: ClassVar[str] = "simulated"  # what transforms.engines.make builds
 
 
 class SimTokenizer:
@@ -78,14 +90,14 @@ class SimulatedEngine:
 
     def restart(self, seen: int | None = None) -> None:
         with self._cv:
-            if seen is None or seen == self.starts:  # as Engine.restart: once per death
+            if seen is None or seen == self.starts:  # as VllmLocalEngine.restart: once per death
                 self.starts += 1
 
     def close(self) -> None:
         pass
 
     def abort(self, future: Future[Completion]) -> None:
-        """As Engine.abort: the request leaves the queue or its slot (freed at once), and its future fails."""
+        """As VllmLocalEngine.abort: the request leaves the queue or its slot (freed at once), and its future fails."""
         with self._cv:
             queued = [item for item in self._queue if item[1] is future]
             running = [item for item in self._running if item[2] is future]
@@ -102,8 +114,10 @@ class SimulatedEngine:
     def submit(self, prepared: Prepared, sampling: Sampling) -> Future[Completion]:
         request = prepared.request
         img = request["multi_modal_data"]["image"]
+        # The prompt's one image placeholder is the image (as vLLM counts: its tokens are the image tokens).
+        text_tokens = len(SimTokenizer().encode(request["prompt"])) - 1
         out = Answer(self.text, "stop", token_math.estimate_image_tokens("qwen2_vl", img.width, img.height),
-                     len(SimTokenizer().encode(request["prompt"])), max(1, len(self.text) // 4))
+                     text_tokens, max(1, len(self.text) // 4))
         future: Future[Completion] = Future()
         with self._cv:
             self.submitted += 1
@@ -135,5 +149,6 @@ class SimulatedEngine:
 
 
 def simulated(settings: object, slots: int = 16, seconds: float = 0.5, text: str = PAGE_TEXT) -> SimulatedEngine:
-    """An engine factory (functools.partial it): the pipeline calls it with its EngineSettings."""
+    """An engine factory (functools.partial it) in place of transforms.engines.make: the pipeline calls it with its
+    engine settings, which it ignores. `make(SimulatedSettings(...))` builds the same engine from settings."""
     return SimulatedEngine(slots=slots, seconds=seconds, text=text)

@@ -25,6 +25,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
 
+from schemas.reasons import ENGINE_ERROR, ENGINE_TIMEOUT, REPETITION
 from schemas.records import ExtractionResult, PageTask
 from schemas.statuses import FAILED, INVALID, OK
 from transforms.engines.base import (
@@ -41,7 +42,7 @@ from transforms.engines.base import (
     Sampling,
     TokenBudget,
 )
-from transforms.engines.repetition import MAX_PERIOD, REPETITION, SPAN, retry_cap
+from transforms.engines.vllm_shared.repetition import MAX_PERIOD, SPAN, retry_cap
 from transforms.extract.config import ExtractConfig
 from transforms.extract.deadline import Deadlines
 from transforms.model.markdown import TRUNCATED_FLAG, MarkdownFormat
@@ -64,8 +65,10 @@ def sampling(schema: Any, max_tokens: int, attempt: int, markdown: MarkdownForma
 def page_request(task: PageTask, cfg: ExtractConfig) -> PageRequest:
     """The neutral request of one page (transforms/engines/base.py): its encoded bytes, the prompt's parts and
     the token budget. Pure."""
+    # A markdown format brings its own words and no JSON constraint; else the JSON prompt of the schema.
+    text = cfg.markdown.prompt_text(cfg.prompt_layout) if cfg.markdown is not None else None
     parts = PromptParts(schema=cfg.schema.schema, schema_id=cfg.schema.schema_id, hint=task.hint,
-                        layout=cfg.prompt_layout, markdown=cfg.markdown)
+                        layout=cfg.prompt_layout, text=text)
     return PageRequest(PageSource(task.page.image, task.page.detail_side), parts,
                        TokenBudget(cfg.max_model_len, cfg.max_tokens, cfg.model_family), cfg.model)
 
@@ -184,11 +187,11 @@ class PageFeed:
                                 failed(err.reason_code, str(err), err.text_tokens))
         except RequestRejected as err:  # one page whose request cannot be built fails alone
             return self._finish(Request(None, 0, task.page.width, task.page.height), result,
-                                failed("engine_error", str(err)))
+                                failed(ENGINE_ERROR, str(err)))
         except Exception as err:  # noqa: BLE001 - EngineDead or worse: its pages fail as rows, not the run
             why = str(err) if isinstance(err, EngineDead) else f"{type(err).__name__}: {err}"
             return self._finish(Request(None, 0, task.page.width, task.page.height), result,
-                                failed("engine_error", f"engine could not start: {why}"))
+                                failed(ENGINE_ERROR, f"engine could not start: {why}"))
         self._submit(Request(prepared, prepared.text_tokens, prepared.width, prepared.height), result)
 
     def _sampling(self, attempt: int, cap: int) -> Sampling:
@@ -217,7 +220,7 @@ class PageFeed:
         if result.done() or done.done() or req.pending is not done:
             return  # answered in time (or already handled by the driver)
         req.attempts += 1
-        late = failed("engine_timeout", f"attempt {req.attempts}: no answer within --answer-timeout-s "
+        late = failed(ENGINE_TIMEOUT, f"attempt {req.attempts}: no answer within --answer-timeout-s "
                                         f"{self.cfg.answer_timeout_s:g} s")
         # The page ends first: the aborted future's callback then finds it ended, not an engine that died.
         self._finish(req, result, replace(late, stop_reason="deadline"))
@@ -233,7 +236,7 @@ class PageFeed:
                 self._on_done(req, result, done)
             except Exception as err:
                 log.exception("extraction bookkeeping failed")
-                self._finish(req, result, failed("engine_error", f"{type(err).__name__}: {err}"))
+                self._finish(req, result, failed(ENGINE_ERROR, f"{type(err).__name__}: {err}"))
 
     def _on_done(self, req: Request, result: Future[ExtractionResult], done: Future[Completion]) -> None:
         if result.done():
@@ -249,7 +252,7 @@ class PageFeed:
                     req.resubmitted = True
                     return self._submit(req, result)
             req.attempts += 1
-            req.last = failed("engine_error", str(err) if isinstance(err, RequestRejected) else
+            req.last = failed(ENGINE_ERROR, str(err) if isinstance(err, RequestRejected) else
                               f"{type(err).__name__}: {err}")  # the contract's classes carry the cause
         else:
             completion = done.result()

@@ -26,9 +26,8 @@ from apache_beam.utils import shared
 
 from schemas.records import API_ROUTE_PREFIX, ExtractionResult, PageImage, PageRow, PageTask
 from schemas.statuses import DUPLICATE, OK
-from transforms.engines import make
+from transforms.engines import EngineChoice, make
 from transforms.engines.base import PageEngine
-from transforms.engines.local import EngineSettings
 from transforms.extract.config import ExtractConfig as ExtractConfig  # the stage's configuration, re-exported
 from transforms.extract.feed import PageFeed
 from transforms.model import budget, token_math
@@ -37,8 +36,7 @@ from transforms.model.postfilter import OutputFlags, markdown_flags, output_flag
 from transforms.model.prompt import SYSTEM_PROMPT, cache_key
 from transforms.output.cache import cached_row
 
-# Makes the engine from its settings (EngineSettings, or a served endpoint's): transforms.engines.make, or a
-# test's or benchmark's engine.
+# Makes the engine from the run's engine settings: transforms.engines.make, or a test's or benchmark's engine.
 EngineFactory = Callable[[Any], PageEngine]
 
 
@@ -50,7 +48,7 @@ def in_flight_limit(cfg: ExtractConfig, sequences: int) -> int:
     return 2 * max(1, sequences)
 
 
-def make_task(page: PageImage, engine: EngineSettings, cfg: ExtractConfig) -> tuple[str, PageTask]:
+def make_task(page: PageImage, cfg: ExtractConfig) -> tuple[str, PageTask]:
     """Key a page by everything that can change its extraction. Pure. The hint is the hints stage's
     (already capped, fenced-marker free and scanned); a page sent at low detail is a different image."""
     hint = page.hint
@@ -59,7 +57,7 @@ def make_task(page: PageImage, engine: EngineSettings, cfg: ExtractConfig) -> tu
     return key, PageTask(page=page, cache_key=key, hint=hint)
 
 
-def to_rows(result: Any, engine: EngineSettings, cfg: ExtractConfig) -> Iterator[PageRow]:
+def to_rows(result: Any, cfg: ExtractConfig) -> Iterator[PageRow]:
     """`result` is (task, ExtractionResult) (a PredictionResult or a tuple): the extracted page's row. A page
     that shared its key gets `copy_row`."""
     task, r = (result.example, result.inference) if hasattr(result, "inference") else result
@@ -79,7 +77,7 @@ def to_rows(result: Any, engine: EngineSettings, cfg: ExtractConfig) -> Iterator
                           flags=tuple(dict.fromkeys(page.flags + r.flags + out.flags)),
                           flag_detail=page.flag_detail + out.notes, image_tokens_saved=saved,
                           cached_prompt_tokens=r.cached_prompt_tokens, stop_reason=r.stop_reason,
-                          extracted_at=r.finished_at, **_common(task, r, engine, cfg))
+                          extracted_at=r.finished_at, **_common(task, r, cfg))
 
 
 def page_cost_usd(r: ExtractionResult, cfg: ExtractConfig) -> float:
@@ -91,8 +89,7 @@ def page_cost_usd(r: ExtractionResult, cfg: ExtractConfig) -> float:
     return r.gpu_seconds * cfg.gpu_hourly_usd / 3600.0
 
 
-def copy_row(copy: PageImage, task: PageTask, r: ExtractionResult, engine: EngineSettings,
-             cfg: ExtractConfig) -> PageRow:
+def copy_row(copy: PageImage, task: PageTask, r: ExtractionResult, cfg: ExtractConfig) -> PageRow:
     """A page that shares `task`'s key: its result, at zero cost. Pure."""
     out = result_flags(r, cfg)
     status = DUPLICATE if r.status == OK else r.status
@@ -100,7 +97,7 @@ def copy_row(copy: PageImage, task: PageTask, r: ExtractionResult, engine: Engin
     return PageRow.of_page(copy, status, route="duplicate",
                            flags=tuple(dict.fromkeys(copy.flags + r.flags + out.flags)),
                            flag_detail=copy.flag_detail + out.notes, extracted_at=done,
-                           **_common(task, r, engine, cfg))
+                           **_common(task, r, cfg))
 
 
 def result_flags(r: ExtractionResult, cfg: ExtractConfig) -> OutputFlags:
@@ -112,13 +109,13 @@ def result_flags(r: ExtractionResult, cfg: ExtractConfig) -> OutputFlags:
     return OutputFlags(tuple(dict.fromkeys(fm.flags + md.flags)), tuple(dict.fromkeys(fm.notes + md.notes)))
 
 
-def _common(task: PageTask, r: ExtractionResult, engine: EngineSettings, cfg: ExtractConfig) -> dict[str, Any]:
+def _common(task: PageTask, r: ExtractionResult, cfg: ExtractConfig) -> dict[str, Any]:
     markdown = {}
     if cfg.markdown is not None:
         markdown = {"markdown": r.markdown, **(front_matter_columns(r.extraction) if cfg.markdown.front_matter
                                                and r.status == OK else {})}
     return {**markdown, "cache_key": task.cache_key, "config_key": cfg.config_key, "schema_id": cfg.schema.schema_id,
-            "schema_hash": cfg.schema.schema_hash, "model": engine.model, "model_revision": engine.model_revision,
+            "schema_hash": cfg.schema.schema_hash, "model": cfg.model, "model_revision": cfg.model_revision,
             "extraction": r.extraction, "validation_errors": r.validation_errors, "reason_code": r.reason_code,
             "message": r.message}
 
@@ -133,17 +130,15 @@ class _Pending:
 class StreamExtractDoFn(beam.DoFn):
     """PageImage -> PageRow as results come back; one engine feed per worker process."""
 
-    def __init__(self, engine: EngineSettings, cfg: ExtractConfig, engine_factory: EngineFactory,
-                 endpoint: Any = None) -> None:
+    def __init__(self, engine: EngineChoice, cfg: ExtractConfig, engine_factory: EngineFactory) -> None:
         self.engine = engine
         self.cfg = cfg
         self.engine_factory = engine_factory
-        self.endpoint = endpoint
         self._shared = shared.Shared()  # one feed (and engine) per process, whatever the thread count
 
     def setup(self) -> None:
         def build() -> PageFeed:
-            engine = self.engine_factory(self.endpoint or self.engine)
+            engine = self.engine_factory(self.engine)
             return PageFeed(engine, self.cfg, in_flight_limit(self.cfg, engine.sequences()))
 
         self._feed = self._shared.acquire(build)
@@ -161,7 +156,7 @@ class StreamExtractDoFn(beam.DoFn):
     def process(self, page: PageImage, earlier: Mapping[str, Mapping[str, Any]]) -> Iterator[PageRow]:
         now = dt.datetime.now(dt.UTC)
         page = replace(page, rendered_at=page.rendered_at or now)
-        key, task = make_task(page, self.engine, self.cfg)
+        key, task = make_task(page, self.cfg)
         row = earlier.get(key)
         if row is not None:
             cached = cached_row(row, page.doc_sha256, page.source_uri, page.page_index)
@@ -192,9 +187,9 @@ class StreamExtractDoFn(beam.DoFn):
     def _rows(self, p: _Pending) -> Iterator[PageRow]:
         r = p.result.result()
         if p.first:
-            yield from to_rows((p.task, r), self.engine, self.cfg)
+            yield from to_rows((p.task, r), self.cfg)
         else:
-            yield copy_row(p.task.page, p.task, r, self.engine, self.cfg)
+            yield copy_row(p.task.page, p.task, r, self.cfg)
 
     def finish_bundle(self) -> Iterator[Any]:
         pending, self._pending = self._pending, []
@@ -211,16 +206,15 @@ def _latest(rows: list[Mapping[str, Any]]) -> Mapping[str, Any]:
 class ExtractPages(beam.PTransform):
     """PageImage -> PageRow: reused from earlier runs by cache key, else through the engine once per
     key and process. `earlier` holds earlier runs' reusable `pages` rows (cache.ReadEarlierPages). The engine
-    is `engine_factory(endpoint or engine)`: the engine's settings say which (transforms.engines.make)."""
+    is `engine_factory(engine)`: the run's one engine slot says which (transforms.engines.make, by its kind)."""
 
-    def __init__(self, engine: EngineSettings, cfg: ExtractConfig, engine_factory: EngineFactory = make,
-                 earlier: beam.PCollection | None = None, endpoint: Any = None) -> None:
+    def __init__(self, engine: EngineChoice, cfg: ExtractConfig, engine_factory: EngineFactory = make,
+                 earlier: beam.PCollection | None = None) -> None:
         super().__init__()
         self.engine = engine
         self.cfg = cfg
         self.engine_factory = engine_factory
         self.earlier = earlier
-        self.endpoint = endpoint  # a served endpoint's settings: the engine is made from them instead
 
     def expand(self, pages: beam.PCollection) -> beam.PCollection:
         earlier = self.earlier if self.earlier is not None else pages.pipeline | "NoEarlier" >> beam.Create([])
@@ -230,5 +224,5 @@ class ExtractPages(beam.PTransform):
             | "EarlierByKey" >> beam.Map(lambda r: (r["cache_key"], r))
             | "LatestPerKey" >> beam.CombinePerKey(_latest)
         )
-        dofn = StreamExtractDoFn(self.engine, self.cfg, self.engine_factory, self.endpoint)
+        dofn = StreamExtractDoFn(self.engine, self.cfg, self.engine_factory)
         return pages | "Stream" >> beam.ParDo(dofn, earlier=beam.pvalue.AsDict(by_key))

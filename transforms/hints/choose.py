@@ -23,15 +23,20 @@ layout from the image; `low` / `high` force one for every page.
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-import apache_beam as beam
-from apache_beam.metrics import Metrics
 from PIL import Image
 
 from schemas.records import PageImage
-from transforms.hints.ocr import MIN_WORD_CONF, OcrResult, OcrSettings, available_languages, run_tesseract
+from transforms.hints.ocr import (
+    MIN_WORD_CONF,
+    OCR_TIMED_OUT,
+    OcrResult,
+    OcrSettings,
+    available_languages,
+    run_tesseract,
+)
 from transforms.model.prompt import clean_hint
 from transforms.pages import textlayer
 from transforms.safety import injection
@@ -92,7 +97,7 @@ def _source_text(page: PageImage, s: HintSettings, ocr: Ocr, notes: list[str],
     if result.status == "ok" and result.text.strip():
         return result.text, "ocr", ocr_coverage(page.image, result), result
     if result.status != "ok":
-        flag = "ocr_timeout" if result.status == "timeout" else "ocr_failed"
+        flag = "ocr_timeout" if result.status == OCR_TIMED_OUT else "ocr_failed"
         flags.append(flag)
         notes.append(_note(flag, result.error or result.status))
     if s.mode == "auto" and has_layer:
@@ -144,29 +149,6 @@ def apply_hint(page: PageImage, choice: HintChoice, s: HintSettings) -> PageImag
     return replace(page, hint=choice.hint, hint_source=choice.source, hint_coverage=choice.coverage,
                    detail="low" if low else "high", detail_side=s.low_detail_side if low else 0,
                    flags=tuple(dict.fromkeys(page.flags + choice.flags)), flag_detail=page.flag_detail + choice.notes)
-
-
-class HintsDoFn(beam.DoFn):
-    """PageImage (passed by the safety gate) -> PageImage with its hint, detail and flags."""
-
-    def __init__(self, settings: HintSettings, ocr: Ocr | None = None) -> None:
-        self.settings = settings
-        self.ocr = ocr
-        self.routes = {src: Metrics.counter("pagemill", f"hints_{src}") for src in ("text_layer", "ocr", "none")}
-        self.ocr_ms = Metrics.distribution("pagemill", "ocr_ms")
-        self.injections = Metrics.counter("pagemill", "hints_prompt_injection")
-
-    def setup(self) -> None:
-        self._ocr: Ocr = ocr_for(self.settings, self.ocr)
-
-    def process(self, page: PageImage) -> Iterator[PageImage]:
-        choice = choose_hint(page, self.settings, self._ocr)
-        self.routes[choice.source].inc()
-        if choice.ocr is not None:
-            self.ocr_ms.update(int(choice.ocr.seconds * 1000))
-        if "prompt_injection" in choice.flags:
-            self.injections.inc()
-        yield apply_hint(page, choice, self.settings)
 
 
 def ocr_for(settings: HintSettings, ocr: Ocr | None = None) -> Ocr:

@@ -16,8 +16,12 @@ import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final
 
 MIN_WORD_CONF = 50.0  # words below this confidence do not count as covering the page
+# OcrResult.status when Tesseract ran past timeout_s. Its own word, not the reason code "timeout": the page
+# goes on (with the flag ocr_timeout), nothing stopped it.
+OCR_TIMED_OUT: Final = "timeout"
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,7 @@ class OcrWord:
 
 @dataclass(frozen=True)
 class OcrResult:
-    status: str  # "ok", "timeout", "failed"
+    status: str  # "ok", OCR_TIMED_OUT, "failed"
     text: str = ""
     words: tuple[OcrWord, ...] = ()
     mean_conf: float = 0.0
@@ -108,7 +112,7 @@ def run_tesseract(image: bytes, s: OcrSettings, binary: str = "tesseract") -> Oc
         out = subprocess.run(cmd, input=image, capture_output=True, timeout=s.timeout_s, env=tesseract_env(),
                              check=False)
     except subprocess.TimeoutExpired:  # subprocess.run kills the child before raising
-        return OcrResult("timeout", seconds=time.perf_counter() - start,
+        return OcrResult(OCR_TIMED_OUT, seconds=time.perf_counter() - start,
                          error=f"tesseract ran past {s.timeout_s:g} s")
     except OSError as err:
         return OcrResult("failed", seconds=time.perf_counter() - start, error=f"{type(err).__name__}: {err}")

@@ -14,11 +14,12 @@ from dataclasses import replace
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
+from schemas.reasons import EMPTY, NOT_FOUND, OUTSIDE_INPUT, STORAGE_ERROR, TOO_LARGE
 from schemas.records import DocumentRecord, DocumentRow, ListedObject
 from schemas.statuses import FAILED, REJECTED
 from transforms.intake.inspection import IntakeLimits, inspect_document, reject
 from transforms.intake.listing import MISSING, OUTSIDE
-from transforms.intake.reading import STORAGE_ERROR, ObjectReader, ReadConfig, ReadFailed
+from transforms.intake.reading import ObjectReader, ReadConfig, ReadFailed
 
 log = logging.getLogger(__name__)
 
@@ -26,13 +27,13 @@ log = logging.getLogger(__name__)
 def size_gate(obj: ListedObject, limits: IntakeLimits) -> DocumentRow | None:
     """Decided from the listing alone, so an oversized object is never downloaded."""
     if obj.size == MISSING:
-        return reject(obj, "not_found", "the object was listed by name but does not exist")
+        return reject(obj, NOT_FOUND, "the object was listed by name but does not exist")
     if obj.size == OUTSIDE:
-        return reject(obj, "outside_input", "a symlink in the listed folder leads outside it: not followed")
+        return reject(obj, OUTSIDE_INPUT, "a symlink in the listed folder leads outside it: not followed")
     if obj.size > limits.max_bytes:
-        return reject(obj, "too_large", f"{obj.size:,} bytes is over the limit of {limits.max_bytes:,}")
+        return reject(obj, TOO_LARGE, f"{obj.size:,} bytes is over the limit of {limits.max_bytes:,}")
     if obj.size == 0:
-        return reject(obj, "empty", "the object has zero bytes")
+        return reject(obj, EMPTY, "the object has zero bytes")
     return None
 
 

@@ -13,6 +13,15 @@ from dataclasses import dataclass
 import pypdfium2 as pdfium
 from PIL import Image, UnidentifiedImageError
 
+from schemas.reasons import (
+    DECOMPRESSION_BOMB,
+    EMPTY,
+    ENCRYPTED,
+    TOO_LARGE,
+    TOO_MANY_PAGES,
+    UNREADABLE,
+    UNSUPPORTED_FORMAT,
+)
 from schemas.records import DocumentRecord, DocumentRow, ListedObject
 from schemas.statuses import REJECTED
 from transforms.intake.formats import (
@@ -69,16 +78,16 @@ def count_or_reject(obj: ListedObject, data: bytes, fmt: str, sha: str, limits: 
     try:
         return count(data, fmt, limits)
     except PdfPasswordError:
-        return reject(obj, "encrypted", "the PDF is password protected", **known)
+        return reject(obj, ENCRYPTED, "the PDF is password protected", **known)
     except Image.DecompressionBombError as err:
-        return reject(obj, "decompression_bomb", str(err), **known)
+        return reject(obj, DECOMPRESSION_BOMB, str(err), **known)
     except UnidentifiedImageError:
         # Pillow's own message names a BytesIO address, which would differ on every run.
         if fmt in ("heic", "avif"):
-            return reject(obj, "unsupported_format", f"{fmt}: no decoder installed (pillow-heif)", **known)
-        return reject(obj, "unreadable", f"{fmt}: Pillow cannot decode this image", **known)
+            return reject(obj, UNSUPPORTED_FORMAT, f"{fmt}: no decoder installed (pillow-heif)", **known)
+        return reject(obj, UNREADABLE, f"{fmt}: Pillow cannot decode this image", **known)
     except (pdfium.PdfiumError, OSError, ValueError, SyntaxError, EOFError) as err:
-        return reject(obj, "unreadable", f"{fmt}: {type(err).__name__}: {err}", **known)
+        return reject(obj, UNREADABLE, f"{fmt}: {type(err).__name__}: {err}", **known)
 
 
 def counted_in_child(obj: ListedObject, data: bytes, fmt: str, sha: str, limits: IntakeLimits,
@@ -92,21 +101,21 @@ def inspect_document(obj: ListedObject, data: bytes, limits: IntakeLimits,
     """Hash, sniff and validate bytes already read. Pure: no I/O, no Beam. `counted`: how the pages are
     counted; transforms/intake/timed.py passes one that runs count_or_reject in a child under a deadline."""
     if len(data) > limits.max_bytes:  # the listing under-reported the size
-        return reject(obj, "too_large", f"read more than {limits.max_bytes:,} bytes")
+        return reject(obj, TOO_LARGE, f"read more than {limits.max_bytes:,} bytes")
     if not data:
-        return reject(obj, "empty", "the object has zero bytes")
+        return reject(obj, EMPTY, "the object has zero bytes")
     sha = hashlib.sha256(data).hexdigest()
     fmt = sniff_format(data[:1024])
     if fmt is None:
-        return reject(obj, "unsupported_format", "magic bytes match no supported PDF or image format",
+        return reject(obj, UNSUPPORTED_FORMAT, "magic bytes match no supported PDF or image format",
                       doc_sha256=sha)
     pages = counted(obj, data, fmt, sha, limits)
     if isinstance(pages, DocumentRow):
         return pages
     known = {"doc_sha256": sha, "format": fmt}
     if pages < 1:
-        return reject(obj, "unreadable", f"{fmt} has no pages", **known)
+        return reject(obj, UNREADABLE, f"{fmt} has no pages", **known)
     if pages > limits.max_pages:
-        return reject(obj, "too_many_pages", f"{pages:,} pages is over the limit of {limits.max_pages:,}",
+        return reject(obj, TOO_MANY_PAGES, f"{pages:,} pages is over the limit of {limits.max_pages:,}",
                       page_count=pages, **known)
     return DocumentRecord(uri=obj.uri, size=len(data), doc_sha256=sha, format=fmt, page_count=pages)

@@ -100,7 +100,7 @@ def list_glob(glob: str, since: float | None = None, until: float | None = None)
         if in_window(obj, since, until):
             yield obj
     if not matched and is_literal(glob):
-        yield from _missing(glob)
+        yield from missing_object(glob)
 
 
 def once_per_uri(objs: Iterable[ListedObject]) -> ListedObject:
@@ -149,7 +149,8 @@ def in_window(obj: ListedObject, since: float | None, until: float | None) -> bo
     return (since is None or obj.last_modified >= since) and (until is None or obj.last_modified < until)
 
 
-def _missing(uri: str) -> Iterator[ListedObject]:
+def missing_object(uri: str) -> Iterator[ListedObject]:
+    """A URI given by name: nothing if it exists, else its `MISSING` listing (the row says not_found)."""
     try:
         exists = FileSystems.exists(uri)
     except Exception:  # noqa: BLE001 - an unreachable store is reported as a missing object

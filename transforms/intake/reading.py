@@ -34,7 +34,8 @@ from urllib.parse import urlparse
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-STORAGE_ERROR, UNREADABLE, OUTSIDE_INPUT = "storage_error", "unreadable", "outside_input"
+from schemas.reasons import OUTSIDE_INPUT, STORAGE_ERROR, UNREADABLE
+
 # Error codes that say "slow down" rather than "no": botocore's standard mode retries these too.
 THROTTLING = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
                         "TooManyRequestsException", "RequestThrottled", "ProvisionedThroughputExceededException"})

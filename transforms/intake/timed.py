@@ -15,9 +15,10 @@ from functools import partial
 
 from apache_beam.metrics import Metrics
 
+from schemas.reasons import TIMEOUT, WORKER_CRASHED
 from schemas.records import DocumentRecord, DocumentRow, ListedObject
 from schemas.statuses import FAILED
-from transforms.child_process import CRASHED, TIMEOUT, ChildWorker
+from transforms.child_process import ChildWorker
 from transforms.intake.accept import IntakeDoFn
 from transforms.intake.inspection import (
     IntakeLimits,
@@ -77,5 +78,5 @@ class TimedIntakeDoFn(IntakeDoFn):
         if stopped is None and len(replies) == 1:
             return replies[0]
         # A child that finished without exactly one answer broke the protocol: counted as a crash.
-        return stopped_row(obj, fmt, sha, stopped or CRASHED, detail or "the intake process gave no page count",
+        return stopped_row(obj, fmt, sha, stopped or WORKER_CRASHED, detail or "the intake process gave no page count",
                            self.timeout_s)

@@ -75,7 +75,7 @@ def fit_image(width: int, height: int, text_tokens: int, max_tokens: int, max_mo
     """The size a page image goes to the model at, beside a prompt of text_tokens and max_tokens of output in
     max_model_len: as it is when its tokens fit the room left, else shrunk to fit (`fit_to_token_budget`), or
     None when nothing fits (the page fails as over_token_budget). The engines' prompt
-    (`transforms.engines.templated.Templated.prepare`) and `pagemill estimate` both decide with this."""
+    (`transforms.engines.vllm_shared.templated.Templated.prepare`) and `pagemill estimate` both decide with this."""
     room = max_model_len - max_tokens - text_tokens
     if estimate_image_tokens(family, width, height) <= room:
         return width, height

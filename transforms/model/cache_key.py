@@ -8,7 +8,8 @@ keyed the same way. tests/transforms/model/test_cache_key.py checks that every f
 it changes the key) or excluded.
 
 The serialisation is canonical JSON: each dataclass as {"ClassName": {field: value}} with sorted keys,
-tuples as lists, floats as JSON numbers. A settings class may define `key_form()`, a copy of itself in the
+tuples as lists, floats as JSON numbers; a class is named by its `key_name` when it has one (EXCLUDE too). A
+settings class may define `key_form()`, a copy of itself in the
 form that is keyed (SafetyConfig: its checks as a set); its fields are still enumerated here, so a new one
 cannot be lost on the way.
 """
@@ -45,7 +46,7 @@ EXCLUDE: Mapping[str, Mapping[str, str]] = {
         "route": "how the ledger counts the cost (model, served, api:...); the model is keyed by name",
         "answer_timeout_s": "a time limit, not a setting of the answer (like every timeout)",
     },
-    "EngineSettings": {
+    "EngineSettings": {  # VllmLocalSettings, keyed under its former name (its key_name) for every engine kind
         # model, model_revision and max_model_len are keyed (ExtractConfig keys them too: harmless).
         "max_num_seqs": "how many sequences the engine batches at once: throughput, not the answer",
         "gpu_memory_utilization": "how much GPU memory the engine takes: capacity, not the answer",
@@ -54,7 +55,6 @@ EXCLUDE: Mapping[str, Mapping[str, str]] = {
         "kv_cache_gib": "the KV cache's size: capacity, not the answer",
         "enforce_eager": "eager mode or CUDA graphs: how the same model runs",
         "in_process": "where the engine runs (this process or vLLM's engine process)",
-        "service_dir": "the machine engine's folder: it holds the run id, so keying it would reuse nothing",
     },
     "ExtractionSchema": {
         "schema": "schema_hash stands for it (sha256 of its canonical JSON)",
@@ -69,7 +69,8 @@ EXCLUDE: Mapping[str, Mapping[str, str]] = {
 def _canonical(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         keyed = value.key_form() if hasattr(value, "key_form") else value
-        name = type(value).__name__
+        # A class renamed since keys were written names itself as before (`key_name`): earlier rows still match.
+        name = getattr(type(value), "key_name", type(value).__name__)
         skip = EXCLUDE.get(name, {})
         return {name: {f.name: _canonical(getattr(keyed, f.name))
                        for f in dataclasses.fields(value) if f.name not in skip}}

@@ -17,10 +17,7 @@ from typing import Any
 from jsonschema import ValidationError, validators
 
 from schemas.extraction import ExtractionSchema
-
-INVALID_JSON = "invalid_json"
-SCHEMA_INVALID = "schema_invalid"
-TRUNCATED = "truncated"
+from schemas.reasons import INVALID_JSON, SCHEMA_INVALID, TRUNCATED
 
 MAX_ERRORS = 20
 MAX_ERROR_CHARS = 300  # messages quote the offending value, which is model output of any length

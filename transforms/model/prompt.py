@@ -47,6 +47,8 @@ PROMPT_VERSION = "4"
 SHARED_FIRST = "shared_first"
 IMAGE_FIRST = "image_first"
 PROMPT_LAYOUTS = (SHARED_FIRST, IMAGE_FIRST)
+# Not a choice of --prompt-layout: a model's own trained prompt (olmOCR's), its text as it is, then the image.
+AS_TRAINED = "as_trained"
 IMAGE_PART: Mapping[str, Any] = {"type": "image"}
 
 
@@ -115,11 +117,14 @@ def user_text(schema: Mapping[str, Any], hint: str, marker: str | None = None) -
 def user_content(shared: str, hint_lines: Sequence[str], layout: str = SHARED_FIRST,
                  image: Mapping[str, Any] = IMAGE_PART) -> list[dict[str, Any]]:
     """The user turn's parts in `layout`: SHARED_FIRST is the shared text, the image, then the page's fenced
-    hint (no part when there is none); IMAGE_FIRST is the image, then all the text. `image` is the image part
-    in the engine's form ({"type": "image"} for a chat template, an image_url part for an endpoint). The one
-    home of the layout: the JSON prompt, the markdown prompt and the served request all build their turn here."""
+    hint (no part when there is none); IMAGE_FIRST is the image, then all the text; AS_TRAINED is the text as
+    it is, then the image (a model's own trained prompt). `image` is the image part in the engine's form
+    ({"type": "image"} for a chat template, an image_url part for an endpoint). The one home of the layout: the
+    JSON prompt, the markdown prompt and the served request all build their turn here."""
     if layout == IMAGE_FIRST:
         return [dict(image), {"type": "text", "text": "\n".join([shared, *hint_lines])}]
+    if layout == AS_TRAINED:
+        return [{"type": "text", "text": "\n".join([shared, *hint_lines])}, dict(image)]
     if layout != SHARED_FIRST:
         raise ValueError(f"unknown prompt layout {layout!r}; known: {', '.join(PROMPT_LAYOUTS)}")
     # The shared text ends with a newline so that it tokenizes the same whatever page part follows it.
@@ -127,19 +132,42 @@ def user_content(shared: str, hint_lines: Sequence[str], layout: str = SHARED_FI
     return parts + ([{"type": "text", "text": "\n".join(hint_lines)}] if hint_lines else [])
 
 
+@dataclass(frozen=True)
+class PromptText:
+    """A prompt's words, whatever the engine: the system message (None: none), the user turn's text that every
+    page of a run shares, its layout (`user_content`), and whether the page's hint follows, fenced. The JSON
+    prompt is `json_prompt`; a markdown format makes its own (transforms/model/markdown.py). Each engine turns
+    it into messages with `prompt_messages`, cleaning the hint of its own model's control tokens."""
+
+    system: str | None
+    shared: str
+    layout: str = SHARED_FIRST
+    with_hint: bool = True
+
+
+def json_prompt(schema: Mapping[str, Any], layout: str = SHARED_FIRST) -> PromptText:
+    """The extraction prompt for a JSON schema: the system prompt, the schema, then the page's hint."""
+    return PromptText(SYSTEM_PROMPT, schema_text(schema), layout)
+
+
+def prompt_messages(text: PromptText, hint: str, controls: Sequence[str] = (),
+                    image: Mapping[str, Any] = IMAGE_PART) -> list[dict[str, Any]]:
+    """Chat messages of `text` for one page: the hint, when the prompt takes one, without the generic
+    control-token shapes and without `controls` (the model's own), fenced (`fenced_hint`)."""
+    hint = strip_controls(hint, controls).strip() if hint and text.with_hint else ""
+    system = [{"role": "system", "content": text.system}] if text.system is not None else []
+    return [*system, {"role": "user", "content": user_content(text.shared, fenced_hint(hint), text.layout, image)}]
+
+
 def chat_messages(schema: Mapping[str, Any], hint: str, tokenizer: Any = None,
                   controls: Sequence[str] | None = None, layout: str = SHARED_FIRST,
                   image: Mapping[str, Any] = IMAGE_PART) -> list[dict[str, Any]]:
-    """Messages for the model's own chat template: the system prompt, then the user turn in `layout`
-    (`user_content`). The hint is cleaned again here, with the tokenizer's own control tokens: `controls` when
-    the caller computed them once (`control_tokens(tokenizer)`), else from `tokenizer` when it is given."""
+    """The JSON prompt's messages for the model's own chat template (`prompt_messages` of `json_prompt`). The hint
+    is cleaned again here, with the tokenizer's own control tokens: `controls` when the caller computed them once
+    (`control_tokens(tokenizer)`), else from `tokenizer` when it is given."""
     if controls is None:
         controls = control_tokens(tokenizer) if tokenizer is not None else ()
-    hint = strip_controls(hint, controls).strip() if hint else ""
-    return [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": user_content(schema_text(schema), fenced_hint(hint), layout, image)},
-    ]
+    return prompt_messages(json_prompt(schema, layout), hint, controls, image)
 
 
 def prompt_template_hash() -> str:

@@ -22,7 +22,9 @@ Safety before reuse (the rule): the cache never vouches for a page that today's 
 The document lookup is a Beam join (CoGroupByKey), so it scales with the runner, not with driver
 memory; the page lookup is a side input of earlier rows by cache key (transforms/extract/stage.py), so no
 page image crosses a shuffle.
-Resuming a run: documents that already have a `documents` row in this run are not processed again.
+Resuming a run: documents that already have a `documents` row in this run are not processed again; a document
+whose every page this run already answered (killed before its `documents` row) is not rendered, and its outcome
+counts those pages with their own statuses (RESUMED): `extracted`, as in an uninterrupted run, not `cached`.
 """
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ from apache_beam.io.parquetio import ReadAllFromParquet
 
 from schemas import statuses
 from schemas.records import DocumentRecord, ListedObject, PageRow
-from transforms.safety.gate import BlocklistCheck, LoadsChecks, SafetyConfig, quarantined_reuse
+from transforms.safety.gate import BlocklistCheck, SafetyConfig, quarantined_reuse
+from transforms.safety.stage import LoadsChecks
 
 CACHE_COLUMNS = ["tenant", "doc_sha256", "page_index", "page_hash", "cache_key", "config_key", "status",
                  "schema_id", "schema_hash", "model", "model_revision", "extraction", "validation_errors",
@@ -42,17 +45,25 @@ CACHE_COLUMNS = ["tenant", "doc_sha256", "page_index", "page_hash", "cache_key",
                  "pdq_hash",  # issue 16: reused pages are re-checked against today's PDQ lists
                  "pdq_hash_low",  # issue 22: and so is their low-detail rendition, as at the gate
                  # markdown output (older files lack them: read as absent)
-                 "markdown", "primary_language", "is_rotation_valid", "rotation_correction", "is_table", "is_diagram"]
+                 "markdown", "primary_language", "is_rotation_valid", "rotation_correction", "is_table", "is_diagram",
+                 "run_id", "source_uri"]  # a resume's own earlier rows are not another run's (RESUMED)
+# The tag of a resume's own pages: a page this run already answered (an invocation killed before the
+# document's `documents` row) is not written again (that row stays the page's row) and is counted in the
+# document's outcome with its own status: a resumed document is `extracted`, as in an uninterrupted run,
+# not `cached` ("reused from an earlier run").
+RESUMED = "resumed"
 
 
 def reusable(row: Mapping[str, Any], tenant: str, config: str) -> bool:
     return row.get("status") in statuses.SUCCESS and row.get("tenant") == tenant and row.get("config_key") == config
 
 
-def cached_row(earlier: Mapping[str, Any], doc_sha256: str, source_uri: str, page_index: int) -> PageRow:
-    """A `cached` page: the earlier row's extraction, no model call, zero cost."""
+def cached_row(earlier: Mapping[str, Any], doc_sha256: str, source_uri: str, page_index: int,
+               status: str = statuses.CACHED, route: str = "cache") -> PageRow:
+    """A `cached` page: the earlier row's extraction, no model call, zero cost. A resumed page (route
+    RESUMED) keeps its own status: it is counted in its document's outcome, never written."""
     return PageRow.of_index(
-        doc_sha256, source_uri, page_index, statuses.CACHED,
+        doc_sha256, source_uri, page_index, status,
         page_hash=earlier.get("page_hash"), cache_key=earlier.get("cache_key"),
         config_key=earlier.get("config_key"), width=earlier.get("width"), height=earlier.get("height"),
         schema_id=earlier.get("schema_id"), schema_hash=earlier.get("schema_hash"),
@@ -65,7 +76,7 @@ def cached_row(earlier: Mapping[str, Any], doc_sha256: str, source_uri: str, pag
         is_rotation_valid=earlier.get("is_rotation_valid"),
         rotation_correction=earlier.get("rotation_correction"), is_table=earlier.get("is_table"),
         is_diagram=earlier.get("is_diagram"),
-        route="cache", message="extraction reused from an earlier run")
+        route=route, message="extraction reused from an earlier run")
 
 
 def _preferred(row: Mapping[str, Any]) -> tuple[bool, bool, Any]:
@@ -85,11 +96,14 @@ def unverifiable(row: Mapping[str, Any], lists: BlocklistCheck, low_side: int = 
 
 
 def document_from_cache(doc: DocumentRecord, earlier: Iterable[Mapping[str, Any]],
-                        lists: BlocklistCheck | None = None, low_side: int = 0) -> list[PageRow] | None:
+                        lists: BlocklistCheck | None = None, low_side: int = 0,
+                        run_id: str | None = None) -> list[PageRow] | None:
     """A row for every page of the document from earlier runs' rows, or None if the document must be
     rendered (a page is missing, or cannot be re-checked against `lists`). Each page is re-checked
     against today's `lists` by its stored hashes, as the gate checks a rendered page (`low_side`: the
-    gate's low-detail side): a match is a `quarantined` row, else a `cached` copy. Pure."""
+    gate's low-detail side): a match is a `quarantined` row, else a `cached` copy; a row this run wrote
+    for this very object (`run_id`, a resume) keeps its own status (RESUMED). A row this run wrote for a
+    twin (another object of the same content) stays a `cached` copy (docs/runners.md, Resuming). Pure."""
     chosen: dict[int, Mapping[str, Any]] = {}
     for row in earlier:
         index = row["page_index"]
@@ -105,8 +119,12 @@ def document_from_cache(doc: DocumentRecord, earlier: Iterable[Mapping[str, Any]
             if unverifiable(row, lists, low_side):
                 return None
             verdict = lists.check_page(*stored_hashes(row, low_side))
-        out.append(cached_row(row, doc.doc_sha256, doc.uri, i) if verdict is None
-                   else quarantined_reuse(row, doc.doc_sha256, doc.uri, i, verdict))
+        if verdict is not None:
+            out.append(quarantined_reuse(row, doc.doc_sha256, doc.uri, i, verdict))
+        elif run_id is not None and (row.get("run_id"), row.get("source_uri")) == (run_id, doc.uri):
+            out.append(cached_row(row, doc.doc_sha256, doc.uri, i, status=row["status"], route=RESUMED))
+        else:
+            out.append(cached_row(row, doc.doc_sha256, doc.uri, i))
     return out
 
 
@@ -131,29 +149,36 @@ class ReadEarlierPages(beam.PTransform):
 
 
 class _SplitCachedDocuments(LoadsChecks):
-    """Reused rows, re-checked against today's lists (loaded once per worker process)."""
+    """Reused rows, re-checked against today's lists (loaded once per worker process); `run_id`: the run's own
+    rows (a resume's) are tagged RESUMED."""
+
+    def __init__(self, cfg: SafetyConfig, run_id: str | None = None) -> None:
+        super().__init__(cfg)
+        self.run_id = run_id
 
     def process(self, keyed: tuple[str, Mapping[str, list[Any]]]) -> Iterator[Any]:
         grouped = keyed[1]
         earlier = grouped["earlier"]
         for doc in grouped["docs"]:
-            rows = document_from_cache(doc, earlier, self.checks.blocklist, self.cfg.low_detail_side) \
+            rows = document_from_cache(doc, earlier, self.checks.blocklist, self.cfg.low_detail_side, self.run_id) \
                 if earlier else None
             if rows is None:
                 yield doc
             else:
                 for row in rows:
-                    yield beam.pvalue.TaggedOutput(statuses.CACHED, row)
+                    yield beam.pvalue.TaggedOutput(RESUMED if row.route == RESUMED else statuses.CACHED, row)
 
 
 class SkipCachedDocuments(beam.PTransform):
     """Kept DocumentRecords -> those to render (main), and reused PageRows (tag `cached`): `cached`
-    copies, or `quarantined` rows of pages that today's blocklists (`safety`) name."""
+    copies, or `quarantined` rows of pages that today's blocklists (`safety`) name; with `run_id`, this
+    run's own answered pages (tag RESUMED: for the documents' outcomes only, their rows are written)."""
 
-    def __init__(self, earlier: beam.PCollection, safety: SafetyConfig) -> None:
+    def __init__(self, earlier: beam.PCollection, safety: SafetyConfig, run_id: str | None = None) -> None:
         super().__init__()
         self.earlier = earlier
         self.safety = safety.lists_only()
+        self.run_id = run_id
 
     def expand(self, docs: beam.PCollection) -> beam.pvalue.DoOutputsTuple:
         earlier = self.earlier | "EarlierBySha" >> beam.Map(lambda r: (r["doc_sha256"], r))
@@ -161,7 +186,8 @@ class SkipCachedDocuments(beam.PTransform):
         return (
             {"docs": keyed, "earlier": earlier}
             | "JoinEarlier" >> beam.CoGroupByKey()
-            | "Split" >> beam.ParDo(_SplitCachedDocuments(self.safety)).with_outputs(statuses.CACHED, main="render")
+            | "Split" >> beam.ParDo(_SplitCachedDocuments(self.safety, self.run_id))
+            .with_outputs(statuses.CACHED, RESUMED, main="render")
         )
 
 

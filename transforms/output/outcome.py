@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator
 
 import apache_beam as beam
 
+from schemas.reasons import EXTRACTION_FAILED
 from schemas.records import DocumentRecord, DocumentRow, PageRow
 from schemas.statuses import (
     CACHED,
@@ -37,7 +38,7 @@ def document_outcome(doc: DocumentRecord, statuses: Counter[str], reasons: Count
         # Counted, not assumed: a page that vanished is reported rather than papered over.
         message = f"{doc.page_count - seen} of {doc.page_count} pages produced no row"
     if seen == 0:
-        outcome, reason = FAILED, "extraction_failed"
+        outcome, reason = FAILED, EXTRACTION_FAILED
     elif statuses[CACHED] == seen == doc.page_count:
         outcome, reason = CACHED, None
     elif good == seen == doc.page_count:
@@ -47,7 +48,7 @@ def document_outcome(doc: DocumentRecord, statuses: Counter[str], reasons: Count
     elif quarantined == seen:
         outcome, reason = QUARANTINED, top_reason
     elif good + rendered == 0 and quarantined == 0:
-        outcome, reason = FAILED, top_reason or "extraction_failed"
+        outcome, reason = FAILED, top_reason or EXTRACTION_FAILED
     else:
         outcome, reason = PARTIAL, top_reason
     if message is None and outcome in UNSUCCESSFUL:
@@ -57,7 +58,7 @@ def document_outcome(doc: DocumentRecord, statuses: Counter[str], reasons: Count
                        format=doc.format, page_count=doc.page_count, reason_code=reason, message=message)
 
 
-class _PageTally(beam.CombineFn):
+class PageTally(beam.CombineFn):
     """Per document: a count of page statuses and of page reason codes."""
 
     def create_accumulator(self) -> Tally:
@@ -100,7 +101,7 @@ class DocumentOutcomes(beam.PTransform):
         tallies = (
             pages
             | "PageBySha" >> beam.Map(lambda r: (r.doc_sha256, r))
-            | "Tally" >> beam.CombinePerKey(_PageTally())
+            | "Tally" >> beam.CombinePerKey(PageTally())
         )
         docs = self.docs | "DocBySha" >> beam.Map(lambda d: (d.doc_sha256, d))
         return {"docs": docs, "pages": tallies} | "Join" >> beam.CoGroupByKey() | "Outcome" >> beam.FlatMap(_rows)

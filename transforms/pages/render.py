@@ -8,20 +8,17 @@ from __future__ import annotations
 
 import hashlib
 import io
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import apache_beam as beam
 import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_c
-from apache_beam.metrics import Metrics
 from PIL import Image, ImageOps
 
+from schemas.reasons import CHANGED_DURING_RUN, DECOMPRESSION_BOMB, ENCRYPTED, PAGE_TOO_LARGE, RENDER_FAILED
 from schemas.records import DocumentRecord, PageImage, PageRow
 from schemas.statuses import FAILED
 from transforms.intake.formats import PDFIUM_LOCK, PdfPasswordError, load_pdf, open_image, seek_frame
-from transforms.intake.reading import ObjectReader, ReadConfig, ReadFailed
 from transforms.pages.sizes import MAX_ASPECT, cap_image, padded_size, page_too_large, pdf_render_scale
 from transforms.pages.textlayer import PICTURE_MIN_COVERAGE, TRUNCATED_FLAG, TextEvidence, pdf_text_evidence
 
@@ -159,7 +156,7 @@ def render_pdf_page(pdf: pdfium.PdfDocument, index: int, s: RenderSettings) -> R
     try:
         width, height = page.get_size()
         if page_too_large(width, height, s.max_page_points):
-            raise PageError("page_too_large", f"page is {width:.0f}x{height:.0f} pt")
+            raise PageError(PAGE_TOO_LARGE, f"page is {width:.0f}x{height:.0f} pt")
         scale = pdf_render_scale(width, height, s.dpi, s.max_side)
         # RGB byte order: PIL's own, so a page that needs no resize is hashed from pdfium's buffer as it
         # is, with no BGR swap and no tobytes() copy.
@@ -190,7 +187,7 @@ def render_pdf(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterator[
     try:
         for index in doc.page_indices:
             if index >= count:  # the document has fewer pages than intake counted: never a crash
-                yield failed_page(doc, index, "render_failed", f"the document has {count} pages")
+                yield failed_page(doc, index, RENDER_FAILED, f"the document has {count} pages")
                 continue
             try:
                 # The lock is held for one page only (never across a yield), so threads interleave.
@@ -200,7 +197,7 @@ def render_pdf(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterator[
             except PageError as err:
                 yield failed_page(doc, index, err.reason_code, str(err))
             except Exception as err:  # noqa: BLE001 - one bad page must not fail its document
-                yield failed_page(doc, index, "render_failed", f"{type(err).__name__}: {err}")
+                yield failed_page(doc, index, RENDER_FAILED, f"{type(err).__name__}: {err}")
     finally:
         with PDFIUM_LOCK:
             pdf.close()
@@ -214,9 +211,9 @@ def render_image(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterato
                 frame = ImageOps.exif_transpose(img) if index == 0 else img.copy()
                 yield _finish(doc, index, normalise(frame, s.max_side), "", s)
             except Image.DecompressionBombError as err:
-                yield failed_page(doc, index, "decompression_bomb", str(err))
+                yield failed_page(doc, index, DECOMPRESSION_BOMB, str(err))
             except Exception as err:  # noqa: BLE001
-                yield failed_page(doc, index, "render_failed", f"{type(err).__name__}: {err}")
+                yield failed_page(doc, index, RENDER_FAILED, f"{type(err).__name__}: {err}")
 
 
 def failed_page(doc: DocumentRecord, index: int, reason_code: str, message: str) -> PageRow:
@@ -228,7 +225,7 @@ def render_document(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iter
     """Every page of the document, one at a time: a PageImage, or a failed PageRow. Pure."""
     if hashlib.sha256(data).hexdigest() != doc.doc_sha256:
         for index in doc.page_indices:
-            yield failed_page(doc, index, "changed_during_run", "the object's bytes changed after intake")
+            yield failed_page(doc, index, CHANGED_DURING_RUN, "the object's bytes changed after intake")
         return
     done = 0
     try:
@@ -238,44 +235,7 @@ def render_document(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iter
             yield page
     except PdfPasswordError as err:  # intake checked, but be safe: never crash on one document
         for index in doc.page_indices[done:]:
-            yield failed_page(doc, index, "encrypted", str(err))
+            yield failed_page(doc, index, ENCRYPTED, str(err))
     except Exception as err:  # noqa: BLE001 - opening failed after intake passed: the pages fail, not the run
         for index in doc.page_indices[done:]:
-            yield failed_page(doc, index, "render_failed", f"{type(err).__name__}: {err}")
-
-
-class RenderPagesDoFn(beam.DoFn):
-    """DocumentRecord -> PageImage (main) and failed PageRow (tag `failed_pages`)."""
-
-    def __init__(self, settings: RenderSettings, reader: ObjectReader | None = None) -> None:
-        self.settings = settings
-        self.reader = reader or ObjectReader(ReadConfig())
-        self.rendered = Metrics.counter("pagemill", "pages_rendered")
-        self.failed = Metrics.counter("pagemill", "pages_failed_render")
-        self.render_ms = Metrics.distribution("pagemill", "render_ms")
-
-    def render(self, doc: DocumentRecord, data: bytes, started: float) -> Iterator[PageImage | PageRow]:
-        """In this process; transforms/document_work/timed.py overrides it to render in a child under a time limit."""
-        return render_document(doc, data, self.settings)
-
-    def process(self, doc: DocumentRecord) -> Iterator[object]:
-        started = time.monotonic()  # the document's clock starts before its bytes are read
-        try:
-            data = self.reader.read(doc.uri, self.settings.max_bytes)
-        except ReadFailed as err:  # storage_error after the retries, or unreadable
-            for index in doc.page_indices:
-                self.failed.inc()
-                yield beam.pvalue.TaggedOutput(FAILED_PAGES, failed_page(doc, index, err.reason_code, str(err)))
-            return
-        start = time.perf_counter()
-        for page in self.render(doc, data, started):
-            now = time.perf_counter()
-            self.render_ms.update(int((now - start) * 1000))
-            if isinstance(page, PageRow):
-                if page.status == FAILED:  # not a page the render worker's gate quarantined
-                    self.failed.inc()
-                yield beam.pvalue.TaggedOutput(FAILED_PAGES, page)
-            else:
-                self.rendered.inc()
-                yield page
-            start = time.perf_counter()  # downstream time is not render time
+            yield failed_page(doc, index, RENDER_FAILED, f"{type(err).__name__}: {err}")

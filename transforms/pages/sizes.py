@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import pypdfium2 as pdfium
 from PIL import ExifTags, Image
 
+from schemas.reasons import PAGE_TOO_LARGE, RENDER_FAILED
 from transforms.intake.formats import PDFIUM_LOCK, load_pdf, open_image
 
 MAX_ASPECT = 100  # well inside the 200:1 that Qwen2-VL's processor accepts, after its own rounding
@@ -133,9 +134,9 @@ def _pdf_page(pdf: pdfium.PdfDocument, index: int, dpi: float, max_side: int, ma
         else:
             width, height = pdf.get_page_size(index)
     except Exception:  # noqa: BLE001 - the page stage would fail this page the same way
-        return PageSize(index, reason_code="render_failed")
+        return PageSize(index, reason_code=RENDER_FAILED)
     if page_too_large(width, height, max_page_points):
-        return PageSize(index, reason_code="page_too_large")
+        return PageSize(index, reason_code=PAGE_TOO_LARGE)
     w, h = normalised_size(*pdf_render_size(width, height, dpi, max_side), max_side)
     return PageSize(index, w, h, text)
 
@@ -154,7 +155,7 @@ def image_page_sizes(data: bytes, page_count: int, *, max_side: int, max_image_p
                     if orientation in SWAPPING_ORIENTATIONS:
                         width, height = height, width
             except (OSError, ValueError, EOFError, Image.DecompressionBombError):
-                yield PageSize(index, reason_code="render_failed")
+                yield PageSize(index, reason_code=RENDER_FAILED)
                 continue
             w, h = normalised_size(width, height, max_side)
             yield PageSize(index, w, h)

@@ -62,7 +62,7 @@ def background(gray: np.ndarray) -> int:
     return int(np.bincount(gray.ravel(), minlength=256).argmax())
 
 
-def _long_runs(mask: np.ndarray, length: int) -> np.ndarray:
+def long_runs(mask: np.ndarray, length: int) -> np.ndarray:
     """Pixels that lie in a horizontal run of at least `length` set pixels. O(pixels), no Python loop."""
     rows, n = mask.shape
     if length > n:
@@ -97,7 +97,7 @@ def ink_mask(gray: np.ndarray) -> np.ndarray:
     cells = cells.astype(np.uint8)
     ink = np.abs(cells.astype(np.int16) - background(cells)) > INK_DELTA
     length = max(6, max(ink.shape) // RULE_FRACTION)
-    rules = _long_runs(ink, length) | _long_runs(np.ascontiguousarray(ink.T), length).T
+    rules = long_runs(ink, length) | long_runs(np.ascontiguousarray(ink.T), length).T
     return ink & ~rules
 
 

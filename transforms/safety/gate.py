@@ -24,16 +24,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-import apache_beam as beam
-from apache_beam.metrics import Metrics
-from apache_beam.utils import shared
 from PIL import Image
 
+from schemas.reasons import BLOCKED_HASH, BLOCKED_NSFW, SAFETY_CHECK_ERROR
 from schemas.records import DocumentRecord, DocumentRow, PageImage, PageRow
 from schemas.statuses import QUARANTINED
 from transforms.pages.render import decode_luma, decode_rgb
@@ -92,7 +89,7 @@ def match_verdict(match: Match, where: str) -> Verdict:
                    f"of blocklist {match.list_uri} line {match.line}")
     detail = {"check": "blocklist", "kind": match.kind, "list": match.list_uri, "line": match.line,
               "distance": match.distance, "where": where}
-    return Verdict("blocked_hash", message, detail)
+    return Verdict(BLOCKED_HASH, message, detail)
 
 
 LOW_DETAIL = "page at low detail"
@@ -167,7 +164,7 @@ class ClassifierCheck:
         score, label = self.classifier.score(image)
         if score < self.threshold:
             return None
-        return Verdict("blocked_nsfw", f"{self.name} scored {score:.3f} ({label}), threshold {self.threshold}",
+        return Verdict(BLOCKED_NSFW, f"{self.name} scored {score:.3f} ({label}), threshold {self.threshold}",
                        {"check": self.name, "score": round(score, 4), "label": label, "threshold": self.threshold})
 
 
@@ -215,7 +212,7 @@ def screen_page(page: PageImage, checks: Checks, low_side: int) -> tuple[PageIma
         if skipped and verdict is None:
             page = replace(page, flag_detail=page.flag_detail + tuple(skipped))
     except Exception as err:  # noqa: BLE001 - fail closed: a page that could not be checked is not sent
-        verdict = Verdict("safety_check_error", f"{name}: {type(err).__name__}: {err}"[:500],
+        verdict = Verdict(SAFETY_CHECK_ERROR, f"{name}: {type(err).__name__}: {err}"[:500],
                           {"check": name, "error": type(err).__name__})
     return page, verdict
 
@@ -246,59 +243,6 @@ def quarantined_document(doc: DocumentRecord, verdict: Verdict) -> DocumentRow:
                        format=doc.format, page_count=doc.page_count, reason_code=verdict.reason_code,
                        message=verdict.message[:500],
                        quarantine_detail=json.dumps(dict(verdict.detail), sort_keys=True))
-
-
-class LoadsChecks(beam.DoFn):
-    """A DoFn that holds the checks of `cfg`, loaded once per worker process."""
-
-    def __init__(self, cfg: SafetyConfig) -> None:
-        self.cfg = cfg
-        self._shared = shared.Shared()
-
-    def setup(self) -> None:
-        cfg = self.cfg
-        self.checks: Checks = self._shared.acquire(lambda: load_checks(cfg), tag=repr(cfg))
-
-
-class DocumentGateDoFn(LoadsChecks):
-    """DocumentRecord -> DocumentRecord (main), or a quarantined DocumentRow (tag `quarantined`)."""
-
-    def __init__(self, cfg: SafetyConfig) -> None:
-        # Only the lists are needed here: no classifier is loaded for documents.
-        super().__init__(cfg.lists_only())
-        self.quarantined = Metrics.counter("pagemill", "documents_quarantined")
-
-    def process(self, doc: DocumentRecord) -> Iterator[object]:
-        found = self.checks.lists.match_sha256(doc.doc_sha256)
-        if found is None:
-            yield doc
-            return
-        self.quarantined.inc()
-        yield beam.pvalue.TaggedOutput(QUARANTINED, quarantined_document(doc, match_verdict(found, "document")))
-
-
-class SafetyGateDoFn(LoadsChecks):
-    """PageImage -> PageImage with its PDQ hash (main), or a quarantined PageRow (tag `quarantined`)."""
-
-    def __init__(self, cfg: SafetyConfig) -> None:
-        super().__init__(cfg)
-        self.passed = Metrics.counter("pagemill", "pages_passed_safety")
-        self.quarantined = Metrics.counter("pagemill", "pages_quarantined")
-        self.gate_ms = Metrics.distribution("pagemill", "safety_ms")
-        self.skipped = Metrics.counter("pagemill", "pages_picture_checks_skipped")
-
-    def process(self, page: PageImage) -> Iterator[object]:
-        start = time.perf_counter()
-        checked, verdict = screen_page(page, self.checks, self.cfg.low_detail_side)
-        self.gate_ms.update(int((time.perf_counter() - start) * 1000))
-        if any(d.endswith(":skipped_no_raster") for d in checked.flag_detail[len(page.flag_detail):]):
-            self.skipped.inc()
-        if verdict is None:
-            self.passed.inc()
-            yield checked
-        else:
-            self.quarantined.inc()
-            yield beam.pvalue.TaggedOutput(QUARANTINED, quarantined_page(checked, verdict))
 
 
 def check_config(cfg: SafetyConfig) -> list[str]:

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from schemas import kept_row, layout, tables
-from transforms.store.files import _matches, _root, run_files
+from transforms.store.files import partition_files, run_files
 from transforms.store.write import write_rows
 
 
@@ -18,7 +18,7 @@ def clear_run(output: str, tenant: str, run_id: str) -> int:
     """Delete this run's partitions (`--force` over an existing run id starts it afresh)."""
     removed = 0
     for table in tables.TABLES:
-        matches = _matches(layout.join_uri(layout.partition(_root(output), table, tenant, run_id), "*"))
+        matches = partition_files(output, table, tenant, run_id)
         if matches:
             FileSystems.delete(matches)
             removed += len(matches)

@@ -29,6 +29,11 @@ def run_files(output: str, table: str, tenant: str, run_id: str) -> list[str]:
     return _matches(layout.part_glob(_root(output), table, tenant, run_id))
 
 
+def partition_files(output: str, table: str, tenant: str, run_id: str) -> list[str]:
+    """Every file in one run's partition of one table, finished or not (what `--force` clears)."""
+    return _matches(layout.join_uri(layout.partition(_root(output), table, tenant, run_id), "*"))
+
+
 def tenant_files(output: str, table: str, tenant: str) -> list[str]:
     """This tenant's finished part files of one table, every run (`pages`: the result cache's source)."""
     pattern = layout.part_glob(_root(output), table, tenant)

@@ -124,10 +124,31 @@ def open_catalog(config: CatalogConfig, output: str, storage: Any = None, create
             os.makedirs(data_path(output), exist_ok=True)
         elif not os.path.exists(data_path(layout.join_uri(output, EMBEDDED_FILE))):
             raise ValueError(f"--catalog {EMBEDDED}: no catalog under {output} (a run with --catalog makes it)")
-    catalog = load_catalog(CATALOG_NAME, **catalog_properties(config, output, storage))
+    props = catalog_properties(config, output, storage)
+    # A SQL catalog makes its own tables when it opens a new database: two runs opening it at once race there too.
+    catalog = made_once(lambda: load_catalog(CATALOG_NAME, **props), "the catalog's tables")
     if create:
-        catalog.create_namespace_if_not_exists(config.namespace)
+        # Two runs opening a new catalog at once both may make the namespace.
+        made_once(lambda: catalog.create_namespace_if_not_exists(config.namespace), f"namespace {config.namespace}")
     return catalog
+
+
+def backoff_s(attempt: int) -> float:
+    """How long a writer that lost a race waits before its next attempt: doubling from 50 ms to 2 s, jittered."""
+    return min(2.0, 0.05 * 2 ** attempt) * (0.5 + random.random())
+
+
+def made_once(make: Any, what: str) -> Any:
+    """`make()` (an if-not-exists creation), tolerant of a lost race: two writers that both see a thing missing
+    both insert it, and the SQL catalog fails the second (IntegrityError, or SQLite's `database is locked`)
+    where an if-not-exists call should have found it made. Trying again finds it."""
+    for attempt in range(COMMIT_ATTEMPTS):
+        try:
+            return make()
+        except _sql_lost_race() as err:
+            log.info("iceberg: making %s retried (%s)", what, type(err).__name__)
+            time.sleep(backoff_s(attempt))
+    raise RuntimeError(f"iceberg: {what} could not be made after {COMMIT_ATTEMPTS} attempts")
 
 
 def existing_table(catalog: Any, namespace: str, table: str) -> Any:
@@ -148,7 +169,8 @@ def iceberg_schema(arrow: pa.Schema) -> Any:
     return assign_fresh_schema_ids(Catalog._convert_schema_if_needed(arrow))
 
 
-def _spec(schema: Any) -> Any:
+def partition_spec_of(schema: Any) -> Any:
+    """The partitioning of every pagemill table in the catalog: identity on tenant, then run_id."""
     from pyiceberg.partitioning import PartitionField, PartitionSpec
     from pyiceberg.transforms import IdentityTransform
 
@@ -165,7 +187,9 @@ def table_for(catalog: Any, namespace: str, table: str) -> Any:
     arrow = tables.SCHEMAS[table]
     ident = f"{namespace}.{table}"
     schema = iceberg_schema(arrow)
-    found = catalog.create_table_if_not_exists(ident, schema=schema, partition_spec=_spec(schema))
+    found = made_once(lambda: catalog.create_table_if_not_exists(ident, schema=schema,
+                                                                 partition_spec=partition_spec_of(schema)),
+                      f"table {ident}")
     missing = [n for n in arrow.names if n not in {f.name for f in found.schema().fields}]
     for _ in range(COMMIT_ATTEMPTS):
         if not missing:
@@ -237,7 +261,7 @@ def sync(catalog: Any, namespace: str, table: str, tenant: str, run_id: str, on_
                         snap.append_data_file(parquet_file_to_data_file(tbl.io, tx.table_metadata, path))
             return catalog.load_table(f"{namespace}.{table}").current_snapshot().snapshot_id
         except (CommitFailedException, _sql_busy()) as err:
-            time.sleep(min(2.0, 0.05 * 2 ** attempt) * (0.5 + random.random()))
+            time.sleep(backoff_s(attempt))
             log.info("iceberg: %s commit retried (%s)", table, type(err).__name__)
             tbl = catalog.load_table(f"{namespace}.{table}")
     raise RuntimeError(f"iceberg: {namespace}.{table} could not be committed after {COMMIT_ATTEMPTS} attempts "
@@ -251,6 +275,15 @@ def _sql_busy() -> type[BaseException]:
     except ImportError:  # pragma: no cover - a REST-only install
         return CommitRetry
     return OperationalError
+
+
+def _sql_lost_race() -> tuple[type[BaseException], ...]:
+    """What a SQL catalog raises to the second of two writers inserting the same row."""
+    try:
+        from sqlalchemy.exc import IntegrityError
+    except ImportError:  # pragma: no cover - a REST-only install
+        return (CommitRetry,)
+    return (IntegrityError, _sql_busy())
 
 
 class CommitRetry(Exception):

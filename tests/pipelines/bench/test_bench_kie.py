@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.bench import cord, sroie
-from tests.docmaker import tiny_png
+from tests.support.docmaker import tiny_png
 
 KEYS = {  # SROIE key files as the dataset writes them: the texts as printed
     "X001": {"company": "BOOK TA .K (TAMAN DAYA) SDN BHD", "date": "25/12/2018", "address": "NO.53 JALAN TAMPOI",

@@ -13,7 +13,7 @@ import pytest
 
 from pipelines import cli
 from tests.conftest import vllm_available
-from tests.docmaker import text_pdf
+from tests.support.docmaker import text_pdf
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")]

@@ -15,10 +15,9 @@ from pipelines import cli
 from pipelines.estimate.scan import ScanSettings, scan_data, scan_object
 from pipelines.tables import sql
 from schemas.records import DocumentRecord, ListedObject, PageImage
-from tests import docmaker
 from tests.conftest import CORPUS as SHARED_CORPUS
 from tests.conftest import vllm_available
-from tests.pipelines import cost_runs
+from tests.support import cost_runs, docmaker
 from transforms.intake.inspection import IntakeLimits
 from transforms.intake.reading import ReadConfig
 from transforms.model import budget
@@ -181,7 +180,7 @@ def test_counts_follow_intake_dedup_and_page_limits(tmp_path_factory: pytest.Tem
 
 def test_over_budget_pages_shrink_or_fail(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "a.pdf").write_bytes(docmaker.invoice_pdf())
-    # Room for the prompt but only ~300 image tokens: the page is shrunk, as transforms.engines.templated does.
+    # Room for the prompt but only ~300 image tokens: the page is shrunk, as engines/vllm_shared/templated.py does.
     text = estimate_json(capsys, "--input", str(tmp_path), "--per-page", "--max-model-len", "100000")["per_page"][0]
     r = estimate_json(capsys, "--input", str(tmp_path), "--per-page", "--max-tokens", "100",
                       "--max-model-len", str(text["text_tokens"] + 100 + 300))
@@ -381,21 +380,21 @@ def test_bench_estimate_runs(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_estimate.py"), "--objects", "300",
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_estimate.py"), "--objects", "100",
                            "--sample-pages", "20", "--json"], capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert done.returncode == 0, done.stderr[-2000:]
     f = json.loads(done.stdout.strip().splitlines()[-1])
-    # The bench's corpus, by hand: objects i = 0..299 by slot i % 50: 1-4 a copy of an earlier object (slot 0 too
-    # but for i = 0), 5 a truncated PDF, 6 random bytes, 7-29 an invoice (1 page), 30-39 a report (3), 40-49 a
-    # scan (1). Six blocks of 50: 29 copies, 6 + 6 rejected, 139 invoices, 60 reports, 60 scans.
-    assert f["kinds"] == {"copy": 29, "truncated": 6, "random": 6, "invoice": 139, "report": 60, "scan": 60}
-    assert f["documents"] == {"listed": 300, "rejected": 12, "reject_reasons": {"unreadable": 6,
-                              "unsupported_format": 6}, "duplicate": 29, "cached": 0, "to_extract": 259}
-    assert f["pages_to_model"] == 139 + 3 * 60 + 60
+    # The bench's corpus, by hand: objects i = 0..99 by slot i % 50: 0-4 a copy of an earlier object (but i = 0,
+    # an invoice), 5 a truncated PDF, 6 random bytes, 7-29 an invoice (1 page), 30-39 a report (3), 40-49 a scan
+    # (1). Two blocks of 50: 9 copies, 2 + 2 rejected, 47 invoices, 20 reports, 20 scans.
+    assert f["kinds"] == {"copy": 9, "truncated": 2, "random": 2, "invoice": 47, "report": 20, "scan": 20}
+    assert f["documents"] == {"listed": 100, "rejected": 4, "reject_reasons": {"unreadable": 2,
+                              "unsupported_format": 2}, "duplicate": 9, "cached": 0, "to_extract": 87}
+    assert f["pages_to_model"] == 47 + 3 * 20 + 20
     # The extrapolation: the per-object phases scaled to 100,000 objects, plus the one-time rest of the wall.
     per_object = f["list_s"] + f["scan_s"] + f["plan_s"]
-    assert f["extrapolated_100k_s"] == pytest.approx(per_object / 300 * 100_000 + f["wall_s"] - per_object, abs=1.0)
+    assert f["extrapolated_100k_s"] == pytest.approx(per_object / 100 * 100_000 + f["wall_s"] - per_object, abs=1.0)
 
 
 def test_sample_is_seeded_and_whole_when_small() -> None:
@@ -435,7 +434,7 @@ def test_interval_is_zero_without_extrapolation_and_shrinks_with_more_pages() ->
 def test_default_settings_estimate_within_5_percent_of_the_ledger(tmp_path_factory: pytest.TempPathFactory,
                                                                    test_model_dir: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.pipelines import invoice2data_run
+    from tests.support import invoice2data_run
 
     output = invoice2data_run.corpus_run(tmp_path_factory, test_model_dir)
     _, rows = sql.query(str(output), "SELECT sum(image_tokens), sum(text_tokens), count(*) FROM ledger "

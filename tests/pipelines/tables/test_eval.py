@@ -14,9 +14,9 @@ from pipelines import cli
 from pipelines.tables.eval import TruthRow, compare_fields, parse_truth, same, score, to_date, to_number
 from schemas import tables
 from schemas.layout import partition
-from tests import docmaker
 from tests.conftest import CORPUS, vllm_available
-from tests.pipelines.raw import one_row_per, raw_rows
+from tests.support import docmaker
+from tests.support.raw import one_row_per, raw_rows
 from transforms.store.write import write_rows
 
 REPO = Path(__file__).resolve().parents[3]
@@ -175,7 +175,7 @@ def test_eval_of_a_corpus_run_with_invoice2data_truth(tmp_path_factory: pytest.T
                                                       tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     if not vllm_available():
         pytest.skip("vLLM is not installed (scripts/setup_venv.sh)")
-    from tests.pipelines import invoice2data_run
+    from tests.support import invoice2data_run
 
     truth = tmp_path / "truth.jsonl"
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "truth_from_invoice2data.py"),
@@ -208,7 +208,7 @@ def test_saved_eval_becomes_the_reports_accuracy_section(extracted: Path, tmp_pa
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     import re
 
-    from tests.pipelines.tables.test_report import CHROMIUM, dump_dom
+    from tests.support.chromium import CHROMIUM, dump_dom
 
     pages = [p for p in one_row_per(raw_rows(extracted, "pages", "e1"), "doc_sha256", "page_index").values()
              if p["status"] == "ok"]

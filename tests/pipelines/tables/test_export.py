@@ -16,8 +16,8 @@ import pytest
 import pipelines
 from pipelines import cli
 from pipelines.tables import export as export_module
-from tests.pipelines import planted
-from tests.pipelines.planted import BAD_INVOICE, GOOD_INVOICE, page
+from tests.support import planted
+from tests.support.planted import BAD_INVOICE, GOOD_INVOICE, page
 
 INVOICE_SCHEMA = json.loads((resources.files("schemas.extraction") / "invoice.json").read_text(encoding="utf-8"))
 BIDI_FORMULA = "=HYPERLINK(\"http://x.invalid\")\u2066"

@@ -17,7 +17,7 @@ from pipelines.tables import queries, sql
 from schemas import tables
 from schemas.extraction import schema_hash
 from schemas.layout import partition
-from tests.transforms.store.test_compaction import page, spend, write_attempt
+from tests.support.attempts import page, spend, write_attempt
 from transforms.store.compaction import compact_run
 from transforms.store.files import run_files
 from transforms.store.write import write_rows

@@ -12,7 +12,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines.config.options import PagemillOptions, own_option_names
 from pipelines.tables.manifest import manifest_options, write_manifest
-from tests.disk_faults import FullDisk
+from tests.support.disk_faults import FullDisk
 from transforms.store import manifest_file
 
 SECRET = "pagemill-test-secret-manifest"

@@ -18,7 +18,7 @@ import pytest
 from pipelines import cli
 from pipelines.tables import queries
 from tests.conftest import vllm_available
-from tests.pipelines import cost_runs
+from tests.support import cost_runs
 
 needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")
 ROUTE_OF_STATUS = {"ok": {"model"}, "invalid": {"model"}, "failed": {"model", "failed"}, "duplicate": {"duplicate"},
@@ -135,7 +135,7 @@ def test_cost_by_run(extracted: Path, capsys: pytest.CaptureFixture[str]) -> Non
 @pytest.mark.vllm
 @needs_vllm
 def test_cache_savings(extracted: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # Expected by hand from the inputs of tests/pipelines/cost_runs.py, not by re-running the rule:
+    # Expected by hand from the inputs of tests/support/cost_runs.py, not by re-running the rule:
     # - t1: report-b's terms page repeats report-a's (1 duplicate page), zz-invoice-copy.pdf repeats invoice.pdf
     #   (1 page of a duplicate document), nothing cached yet: 2 pages saved, priced at t1's own model pages.
     # - t2: invoice 1 + report-a 3 + report-b 2 + scan 1 pages come whole from t1's documents, plus wide.pdf's
@@ -196,7 +196,7 @@ def test_tokens_by_schema_and_slowest_documents(extracted: Path, capsys: pytest.
 def test_typed_invoice_view_over_a_real_run(extracted: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The typed views over what the tiny model wrote: every ok invoice page once, each value as its JSON
     holds it (parsed here with json.loads from the Parquet files), a date that is no date NULL and counted."""
-    from tests.pipelines.tables.test_typed_views import DESCRIBE_INVOICE
+    from tests.support.typed_views import DESCRIBE_INVOICE
 
     capsys.readouterr()
     assert cli.main(["sql", "--output", str(extracted), "--format", "json", "DESCRIBE invoice"]) == 0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -16,9 +15,9 @@ import pytest
 from pipelines import cli
 from pipelines.tables import report
 from tests.conftest import vllm_available
-from tests.pipelines import cost_runs
+from tests.support import cost_runs
+from tests.support.chromium import CHROMIUM, dump_dom
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
 needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (scripts/setup_venv.sh)")
 CHARTS = ("funnel", "cost", "histogram", "reasons", "answer-ends", "speed")
@@ -32,18 +31,6 @@ def raw(output: Path, table: str, run_id: str) -> list[dict[str, Any]]:
 def write_report(output: Path, html: Path, *extra: str) -> str:
     assert cli.main(["report", "--output", str(output), "--html", str(html), *extra]) == 0
     return html.read_text(encoding="utf-8")
-
-
-def dump_dom(html: Path, tmp_path: Path) -> str:
-    """The page's DOM after its scripts ran, from headless Chromium with no network and a fresh profile."""
-    assert CHROMIUM is not None
-    done = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-extensions",
-         f"--user-data-dir={tmp_path / 'chromium-profile'}", "--dump-dom", html.resolve().as_uri()],
-        capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
 
 
 def marks(dom: str) -> dict[str, int]:

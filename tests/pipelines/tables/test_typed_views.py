@@ -1,6 +1,6 @@
 """Typed views (`pagemill sql "... FROM invoice"`): one view per extraction schema with SQL types from its JSON
 Schema, values that do not fit as NULL and counted, an item view per array, user schemas from the manifests.
-Output roots are planted with the real writer (tests/pipelines/planted.py); expected types are written by
+Output roots are planted with the real writer (tests/support/planted.py); expected types are written by
 hand from schemas/extraction/invoice.json, never computed by the code under test."""
 from __future__ import annotations
 
@@ -14,21 +14,12 @@ import pytest
 
 from pipelines import cli
 from pipelines.tables import queries
-from tests.pipelines import planted
-from tests.pipelines.planted import BAD_INVOICE, GOOD_INVOICE, page
+from tests.support import planted
+from tests.support.planted import BAD_INVOICE, GOOD_INVOICE, page
+from tests.support.typed_views import DESCRIBE_INVOICE, KEYS
 
 INVOICE_SCHEMA = json.loads((resources.files("schemas.extraction") / "invoice.json").read_text(encoding="utf-8"))
 RECEIPT_SCHEMA = json.loads((resources.files("schemas.extraction") / "receipt.json").read_text(encoding="utf-8"))
-KEYS = [("tenant", "VARCHAR"), ("run_id", "VARCHAR"), ("doc_sha256", "VARCHAR"), ("source_uri", "VARCHAR"),
-        ("page_index", "BIGINT"), ("extracted_at", "TIMESTAMP WITH TIME ZONE")]
-# invoice.json by hand: strings -> VARCHAR; issue_date and due_date are strings whose pattern admits only
-# YYYY-MM-DD -> DATE; subtotal, tax, total are numbers -> DOUBLE; line_items is an array of objects of a
-# string and three numbers -> a LIST of STRUCT. Then the two columns that count values that did not fit.
-DESCRIBE_INVOICE = [*KEYS, ("vendor_name", "VARCHAR"), ("invoice_number", "VARCHAR"), ("issue_date", "DATE"),
-                    ("due_date", "DATE"), ("currency", "VARCHAR"), ("subtotal", "DOUBLE"), ("tax", "DOUBLE"),
-                    ("total", "DOUBLE"),
-                    ("line_items", "STRUCT(description VARCHAR, quantity DOUBLE, unit_price DOUBLE, amount DOUBLE)[]"),
-                    ("unfit_columns", "VARCHAR[]"), ("unfit_values", "BIGINT")]
 
 
 def sql(capsys: pytest.CaptureFixture[str], output: Path, query: str | None, *flags: str) -> list[dict[str, Any]]:

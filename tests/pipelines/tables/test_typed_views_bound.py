@@ -14,7 +14,7 @@ from pipelines.tables import sql as tables_sql
 from pipelines.tables import typed_views
 from schemas import sql_types
 from schemas.sql_types import SqlType
-from tests.pipelines import planted
+from tests.support import planted
 
 LEVELS, WIDTH = 12, 60  # 12 x 62 = 744 typed parts unbounded: past the bound
 

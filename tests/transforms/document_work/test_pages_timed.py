@@ -13,25 +13,17 @@ from pathlib import Path
 import pytest
 
 from schemas.records import DocumentRecord, PageImage, PageRow
-from tests import docmaker
-from transforms.child_process import _wait_s, child_env
+from tests.support import docmaker
+from tests.support.render_hangs import SETTINGS, first_page_then_hang
+from transforms.child_process import child_env, wait_s
 from transforms.document_work import timed
 from transforms.document_work.timed import RenderLimits, RenderWorker, missing_pages, reply_problem
 from transforms.pages.render import RenderSettings, render_document
-
-SETTINGS = RenderSettings(dpi=72, max_side=640, jpeg_quality=80, max_text_chars=2000, max_page_points=14400,
-                          max_image_pixels=89_478_485, max_bytes=50 * 2**20)
 
 
 def _doc(data: bytes, pages: int, name: str = "d.pdf") -> DocumentRecord:
     return DocumentRecord(uri=f"/in/{name}", size=len(data), doc_sha256=hashlib.sha256(data).hexdigest(),
                           format="pdf", page_count=pages)
-
-
-def first_page_then_hang(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterator[PageImage | PageRow]:
-    """Fault injection (runs in the child): one page, then a render that never ends."""
-    yield next(iter(render_document(doc, data, s)))
-    time.sleep(3600)
 
 
 def crash_on_second_page(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterator[PageImage | PageRow]:
@@ -54,9 +46,9 @@ def pages_of_another_document(doc: DocumentRecord, data: bytes, s: RenderSetting
 
 
 def test_wait_is_the_nearer_deadline() -> None:
-    assert _wait_s(10.0, 15.0, 12.0) == 2.0
-    assert _wait_s(10.0, 9.0, float("inf")) == 0.0
-    assert _wait_s(10.0, float("inf"), float("inf")) is None
+    assert wait_s(10.0, 15.0, 12.0) == 2.0
+    assert wait_s(10.0, 9.0, float("inf")) == 0.0
+    assert wait_s(10.0, float("inf"), float("inf")) is None
 
 
 def test_child_env_has_the_import_path_and_no_credentials() -> None:

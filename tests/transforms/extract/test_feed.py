@@ -2,65 +2,18 @@
 The same feed runs over vLLM in tests/transforms/extract/test_extract.py."""
 from __future__ import annotations
 
-import io
-import threading
 from concurrent.futures import Future
 from dataclasses import replace
 
-from PIL import Image
-
 from schemas.extraction import load_schema
-from schemas.records import PageImage
-from tests.transforms.extract.feeding import extract_all
+from tests.support.feed_setup import ENGINE, Counting, config, page, tasks
+from tests.support.feeding import extract_all
 from transforms.engines.base import EngineDead, RequestRejected, Sampling
-from transforms.engines.local import EngineSettings, engine_sequences
 from transforms.engines.simulated import PAGE_TEXT, SimulatedEngine
+from transforms.engines.vllm_local.vllm_args import engine_sequences
 from transforms.extract.feed import PageFeed, sampling, stop_reason
-from transforms.extract.stage import ExtractConfig, in_flight_limit, make_task
-from transforms.model import budget
+from transforms.extract.stage import in_flight_limit, make_task
 from transforms.model.markdown import MARKDOWN_FORMATS
-
-ENGINE = EngineSettings(model="m", model_revision="r", max_model_len=8192, max_num_seqs=4, gpu_memory_utilization=0.9,
-                        tensor_parallel_size=1, limit_mm_per_prompt=1, kv_cache_gib=None, enforce_eager=True)
-
-
-def config(**changes: object) -> ExtractConfig:
-    base = ExtractConfig(schema=load_schema("page_text"), tenant="t", model="m", model_revision="r", render_key="k",
-                         model_family="qwen2_vl", max_model_len=8192, max_tokens=256, max_attempts=2,
-                         gpu_hourly_usd=2.5, api_price="gpt-4o", prices=budget.load_prices())
-    return replace(base, **changes)
-
-
-def page(i: int, width: int = 300) -> PageImage:
-    buf = io.BytesIO()
-    Image.new("RGB", (width, 400), (i % 255, 0, 0)).save(buf, format="JPEG")
-    return PageImage(doc_sha256="d" * 64, source_uri=f"p{i}.png", page_index=0, page_hash=f"{i:064d}",
-                     image=buf.getvalue(), width=width, height=400)
-
-
-def tasks(n: int, cfg: ExtractConfig) -> list:
-    return [make_task(page(i), ENGINE, cfg)[1] for i in range(n)]
-
-
-class Counting(SimulatedEngine):
-    """Records how many requests were submitted and not yet finished, at most."""
-
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
-        self.lock = threading.Lock()
-        self.open = self.peak = 0
-
-    def submit(self, prepared, sampling):
-        with self.lock:
-            self.open += 1
-            self.peak = max(self.peak, self.open)
-        future = super().submit(prepared, sampling)
-        future.add_done_callback(lambda _: self._closed())
-        return future
-
-    def _closed(self) -> None:
-        with self.lock:
-            self.open -= 1
 
 
 def test_pages_in_flight_stay_bounded_and_all_finish() -> None:
@@ -106,7 +59,7 @@ class Rejecting(SimulatedEngine):
 def test_rejected_request_fails_alone_without_restart() -> None:
     cfg = config()
     engine = Rejecting(seconds=0.0)
-    ok, bad = extract_all(engine, [make_task(page(1), ENGINE, cfg)[1], make_task(page(2, 333), ENGINE, cfg)[1]], cfg)
+    ok, bad = extract_all(engine, [make_task(page(1), cfg)[1], make_task(page(2, 333), cfg)[1]], cfg)
     assert ok.status == "ok"
     assert (bad.status, bad.reason_code, bad.attempts) == ("failed", "engine_error", 2)
     assert "injected" in (bad.message or "") and engine.starts == 1
@@ -188,7 +141,7 @@ def test_an_answer_past_its_timeout_ends_the_page_and_frees_its_sequence() -> No
     for broken in (False, True):
         engine = Stopping(broken=broken, slots=1, seconds=3600.0)  # it would answer in an hour
         feed = PageFeed(engine, config(answer_timeout_s=0.2), 2)
-        key, task = make_task(page(1), ENGINE, config(answer_timeout_s=0.2))
+        key, task = make_task(page(1), config(answer_timeout_s=0.2))
         result, _ = feed.claim(key)
         feed.slots.acquire()
         feed.start(task, result)

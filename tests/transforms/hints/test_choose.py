@@ -13,8 +13,9 @@ import pytest
 from PIL import Image
 
 from schemas.records import DocumentRecord, PageImage
-from tests import docmaker
 from tests.conftest import CORPUS
+from tests.support import docmaker
+from tests.support.recording_ocr import RecordingOcr
 from transforms.hints.choose import HintSettings, apply_hint, choose_hint
 from transforms.hints.ocr import OcrResult, OcrSettings, available_languages, parse_tsv, run_tesseract, words_to_text
 from transforms.pages.render import RenderSettings, render_document
@@ -23,22 +24,6 @@ PHOTOTEST = CORPUS / "ocr_scans/tesseract-ocr__test/testing/phototest.tif"
 SETTINGS = RenderSettings(dpi=150, max_side=1288, jpeg_quality=90, max_text_chars=20000, max_page_points=14400,
                           max_image_pixels=89_478_485, max_bytes=2**26)
 needs_tesseract = pytest.mark.skipif("eng" not in available_languages(), reason="tesseract with eng is not installed")
-
-
-class RecordingOcr:
-    """An OCR probe: records the sha256 of every page image it is given, then runs the real thing
-    (or returns `fixed`). Picklable, so Beam can carry it to a worker."""
-
-    def __init__(self, log: Path, fixed: OcrResult | None = None) -> None:
-        self.log, self.fixed = log, fixed
-
-    def __call__(self, image: bytes, s: OcrSettings) -> OcrResult:
-        with self.log.open("a") as handle:
-            handle.write(hashlib.sha256(image).hexdigest() + "\n")
-        return self.fixed if self.fixed is not None else run_tesseract(image, s)
-
-    def calls(self) -> list[str]:
-        return self.log.read_text().split() if self.log.exists() else []
 
 
 def render(data: bytes, fmt: str = "pdf", count: int = 1, uri: str = "mem://d") -> list[PageImage]:
@@ -178,7 +163,7 @@ def test_ocr_hint_of_a_real_scan_matches_its_reference_text() -> None:
 
 
 def test_page_whose_hidden_text_check_was_cut_short_gets_no_text_layer_hint(tmp_path: Path) -> None:
-    from tests.transforms.pages.test_textlayer import hidden_runs_pdf
+    from tests.support.hidden_text import hidden_runs_pdf
 
     ocr = RecordingOcr(tmp_path / "ocr.log", fixed=OcrResult("ok", text="from ocr", mean_conf=95))
     (page,) = render(hidden_runs_pdf(8200))

@@ -5,13 +5,11 @@ from pathlib import Path
 
 from schemas.records import DocumentRecord, DocumentRow, ListedObject
 from schemas.statuses import REJECTED
-from tests import docmaker
+from tests.support import docmaker
+from tests.support.intake_limits import LIMITS
 from transforms.intake.accept import IntakeDoFn, size_gate
 from transforms.intake.inspection import IntakeLimits, inspect_document
 from transforms.intake.listing import MISSING
-
-LIMITS = IntakeLimits(max_bytes=50 * 2**20, max_pages=5000, max_image_pixels=89_478_485)
-
 
 # --- size_gate -----------------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from schemas.records import ListedObject
-from tests.transforms.intake.test_accept import LIMITS
+from tests.support.intake_limits import LIMITS
 from transforms.intake.accept import IntakeDoFn
 from transforms.intake.bounds import contained, input_roots, normalised_inputs, within_inputs
 from transforms.intake.listing import list_matching

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 from PIL import Image
 
-from tests import docmaker
+from tests.support import docmaker
 from transforms.intake.formats import sniff_format
 
 # --- sniff_format --------------------------------------------------------------------------------

@@ -10,8 +10,9 @@ import pypdfium2 as pdfium
 import pytest
 from PIL import Image, UnidentifiedImageError
 
-from schemas.records import REASON_CODES, DocumentRecord, DocumentRow, ListedObject
-from tests import docmaker
+from schemas.reasons import REASON_CODES
+from schemas.records import DocumentRecord, DocumentRow, ListedObject
+from tests.support import docmaker
 from transforms.intake.formats import PdfPasswordError
 from transforms.intake.inspection import (
     IntakeLimits,

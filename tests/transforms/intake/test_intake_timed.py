@@ -6,30 +6,22 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import time
 from pathlib import Path
 
 import apache_beam as beam
 from apache_beam.testing.util import assert_that, equal_to
 
-from schemas.reasons import SYSTEM_REASONS
-from schemas.records import REASON_CODES, DocumentRecord, DocumentRow, ListedObject
+from schemas.reasons import REASON_CODES, SYSTEM_REASONS
+from schemas.records import DocumentRecord, DocumentRow, ListedObject
 from schemas.statuses import REJECTED
-from tests import docmaker
 from tests.conftest import CORPUS
+from tests.support import docmaker
+from tests.support.intake_hangs import MARK, hangs_on_mark
 from transforms.intake.accept import IntakeDoFn
 from transforms.intake.inspection import IntakeLimits, count_pages
 from transforms.intake.timed import TimedIntakeDoFn
 
 LIMITS = IntakeLimits(max_bytes=50 * 2**20, max_pages=5000, max_image_pixels=89_478_485)
-MARK = b"%PAGEMILL-TEST-MARK\n"  # after %%EOF: pdfium ignores it; the drills below look for it
-
-
-def hangs_on_mark(data: bytes, fmt: str, limits: IntakeLimits) -> int:
-    """Fault injection (runs in the child): opening a marked document never ends."""
-    if MARK in data:
-        time.sleep(3600)
-    return count_pages(data, fmt, limits)
 
 
 def crashes_on_mark(data: bytes, fmt: str, limits: IntakeLimits) -> int:

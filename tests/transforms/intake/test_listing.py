@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from schemas.records import REASON_CODES, ListedObject
-from tests import docmaker
-from tests.transforms.intake.test_accept import LIMITS
+from schemas.reasons import REASON_CODES
+from schemas.records import ListedObject
+from tests.support import docmaker
+from tests.support.intake_limits import LIMITS
 from transforms.intake.accept import size_gate
-from transforms.intake.listing import MISSING, ListObjects, _missing, expand_input, in_window, to_listed
+from transforms.intake.listing import MISSING, ListObjects, expand_input, in_window, missing_object, to_listed
 from transforms.intake.reading import read_capped
 
 # --- expand_input --------------------------------------------------------------------------------
@@ -111,9 +112,10 @@ def test_to_listed_and_read_capped(tmp_path: Path) -> None:
 
 def test_missing_literal_uris_are_listed_as_missing(tmp_path: Path) -> None:
     (tmp_path / "here.pdf").write_bytes(b"x")
-    assert list(_missing(str(tmp_path / "here.pdf"))) == []
-    assert list(_missing(str(tmp_path / "gone.pdf"))) == [ListedObject(str(tmp_path / "gone.pdf"), MISSING)]
-    assert list(_missing("nosuchscheme://bucket/key.pdf")) == [ListedObject("nosuchscheme://bucket/key.pdf", MISSING)]
+    assert list(missing_object(str(tmp_path / "here.pdf"))) == []
+    assert list(missing_object(str(tmp_path / "gone.pdf"))) == [ListedObject(str(tmp_path / "gone.pdf"), MISSING)]
+    gone = "nosuchscheme://bucket/key.pdf"
+    assert list(missing_object(gone)) == [ListedObject(gone, MISSING)]
 
 
 def test_list_objects_lists_each_object_once_and_reports_missing_names(tmp_path: Path) -> None:

@@ -19,8 +19,9 @@ from botocore.exceptions import (
 
 from pipelines.config.options import PagemillOptions
 from pipelines.run.settings import run_settings
+from schemas.reasons import UNREADABLE
 from transforms.intake.listing import list_matching, local_roots
-from transforms.intake.reading import UNREADABLE, ObjectReader, ReadConfig, ReadFailed, is_storage_failure
+from transforms.intake.reading import ObjectReader, ReadConfig, ReadFailed, is_storage_failure
 
 
 def client_error(status: int, code: str) -> ClientError:

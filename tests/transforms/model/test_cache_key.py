@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from schemas.extraction import ExtractionSchema, load_schema
-from tests.transforms.model.test_prompt import extract_config
-from transforms.engines.local import EngineSettings
+from tests.support.extract_configs import extract_config
+from transforms.engines.vllm_local.settings import VllmLocalSettings
 from transforms.extract.stage import ExtractConfig
 from transforms.hints.choose import HintSettings
 from transforms.hints.ocr import OcrSettings
@@ -35,15 +35,19 @@ BASES: dict[type, Any] = {
     DecodingParams: DecodingParams(384),
     ExtractConfig: extract_config(model_family=rule_for("llava_next"), prices={"providers": {}}, max_in_flight=4,
                                   route="model", markdown=MARKDOWN),
-    EngineSettings: EngineSettings(model="m", model_revision="r", max_model_len=8192, max_num_seqs=16,
-                                   gpu_memory_utilization=0.9, tensor_parallel_size=1, limit_mm_per_prompt=1,
-                                   kv_cache_gib=2.0, enforce_eager=True, in_process=True,
-                                   service_dir="engine-service/run-1"),
+    VllmLocalSettings: VllmLocalSettings(model="m", model_revision="r", max_model_len=8192, max_num_seqs=16,
+                                         gpu_memory_utilization=0.9, tensor_parallel_size=1, limit_mm_per_prompt=1,
+                                         kv_cache_gib=2.0, enforce_eager=True, in_process=True),
     ExtractionSchema: load_schema("invoice"),
     ImageTokenRule: rule_for("llava_next"),
     MarkdownFormat: MARKDOWN,
     Field: Field(name="is_table", kind="int", values=(0, 1)),
 }
+
+
+def key_name(cls: type) -> str:
+    """The name a class is keyed (and excluded) under: its `key_name`, else its own (cache_key.py)."""
+    return getattr(cls, "key_name", cls.__name__)
 
 
 def key_of(obj: Any) -> str:
@@ -68,7 +72,7 @@ def changed(value: Any) -> Any:
     if isinstance(value, dict):
         return {**value, "x": 1}
     if dataclasses.is_dataclass(value):
-        name = next(f.name for f in dataclasses.fields(value) if f.name not in EXCLUDE.get(type(value).__name__, {}))
+        name = next(f.name for f in dataclasses.fields(value) if f.name not in EXCLUDE.get(key_name(type(value)), {}))
         return replace(value, **{name: changed(getattr(value, name))})
     raise AssertionError(f"no change for {value!r}")
 
@@ -78,7 +82,7 @@ def test_every_field_is_keyed_or_excluded(cls: type) -> None:
     base = BASES[cls]
     key = key_of(base)
     assert key == key_of(replace(base))  # a copy: the same key
-    excluded = EXCLUDE.get(cls.__name__, {})
+    excluded = EXCLUDE.get(key_name(cls), {})
     for f in dataclasses.fields(cls):
         other = replace(base, **{f.name: changed(getattr(base, f.name))})
         if f.name in excluded:
@@ -89,7 +93,7 @@ def test_every_field_is_keyed_or_excluded(cls: type) -> None:
 
 
 def test_the_exclude_set_names_real_fields_with_reasons() -> None:
-    by_name = {c.__name__: c for c in BASES}
+    by_name = {key_name(c): c for c in BASES}
     for name, fields in EXCLUDE.items():
         assert name in by_name, f"EXCLUDE names {name}, which is not a keyed class"
         real = {f.name for f in dataclasses.fields(by_name[name])}
@@ -113,6 +117,14 @@ def test_the_canonical_form_is_pinned() -> None:
     # with hashlib by hand (a salted or otherwise changed hash fails here).
     assert settings_key(OcrSettings(lang="deu", timeout_s=5.0)) == \
         "8ccff2006f95c52273024f956cd70f924182f5be6f3f722358a1c0a4fc3a6e6a"
+
+
+def test_the_vllm_settings_are_keyed_under_their_former_name() -> None:
+    """VllmLocalSettings was EngineSettings when earlier runs wrote their keys: keyed under another name, every
+    cached page would be extracted again. The form below is the old class's, written out by hand (its keyed fields
+    model, model_revision and max_model_len; the rest excluded)."""
+    assert canonical(BASES[VllmLocalSettings]) == \
+        '[{"EngineSettings":{"max_model_len":8192,"model":"m","model_revision":"r"}}]'
 
 
 def test_a_setting_without_a_canonical_form_is_refused() -> None:

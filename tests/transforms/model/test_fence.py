@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.transforms.model.test_prompt import extract_config
+from tests.support.extract_configs import extract_config
 from transforms.hints.choose import HintSettings, choose_hint
 from transforms.model import prompt
 from transforms.model.prompt import (

@@ -7,8 +7,7 @@ import pytest
 
 from pipelines.estimate.estimate import PagePlan, hosted_prices
 from schemas.records import ExtractionResult, PageImage, PageTask
-from tests.transforms.extract.test_feed import ENGINE
-from tests.transforms.model.test_prompt import extract_config
+from tests.support.extract_configs import extract_config
 from transforms.extract.stage import to_rows
 from transforms.model import budget
 
@@ -28,7 +27,7 @@ def ledger_usd(provider: str) -> float:
     result = ExtractionResult(status="ok", text_tokens=TEXT, output_tokens=OUTPUT, image_tokens=1600, attempts=1,
                               sent_width=WIDTH, sent_height=HEIGHT)
     cfg = extract_config(api_price=provider, prices=budget.load_prices())
-    (row,) = to_rows((PageTask(page=page, cache_key="k", hint=""), result), ENGINE, cfg)
+    (row,) = to_rows((PageTask(page=page, cache_key="k", hint=""), result), cfg)
     return row.api_equivalent_usd
 
 

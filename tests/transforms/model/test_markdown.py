@@ -7,8 +7,9 @@ import json
 import pytest
 
 from schemas.extraction import load_schema
+from schemas.reasons import FRONT_MATTER_INVALID
 from transforms.extract.stage import ExtractConfig
-from transforms.model.markdown import FRONT_MATTER_INVALID, MARKDOWN_FORMATS, OLMOCR_V4_PROMPT, load_output
+from transforms.model.markdown import MARKDOWN_FORMATS, OLMOCR_V4_PROMPT, load_output
 from transforms.model.postfilter import markdown_flags
 from transforms.model.prompt import config_key
 

@@ -9,7 +9,7 @@ from apache_beam.ml.inference.base import PredictionResult
 
 from schemas.extraction import load_schema
 from schemas.records import FLAGS, ExtractionResult, PageImage
-from transforms.engines.local import EngineSettings
+from transforms.engines.vllm_local.settings import VllmLocalSettings
 from transforms.extract.stage import ExtractConfig, copy_row, make_task, to_rows
 from transforms.model import budget, token_math
 from transforms.model.postfilter import output_flags
@@ -82,8 +82,9 @@ def config() -> ExtractConfig:
                          prices=budget.load_prices())
 
 
-ENGINE = EngineSettings(model="m", model_revision="r", max_model_len=8192, max_num_seqs=1, gpu_memory_utilization=0.9,
-                        tensor_parallel_size=1, limit_mm_per_prompt=1, kv_cache_gib=None, enforce_eager=True)
+ENGINE = VllmLocalSettings(model="m", model_revision="r", max_model_len=8192, max_num_seqs=1,
+                           gpu_memory_utilization=0.9, tensor_parallel_size=1, limit_mm_per_prompt=1,
+                           kv_cache_gib=None, enforce_eager=True)
 
 
 def page(**changes: object) -> PageImage:
@@ -94,28 +95,28 @@ def page(**changes: object) -> PageImage:
 
 def test_low_detail_changes_the_key_the_estimate_and_saves_tokens() -> None:
     cfg = config()
-    high_key, high = make_task(page(), ENGINE, cfg)
-    low_key, low = make_task(page(detail="low", detail_side=640), ENGINE, cfg)
+    high_key, high = make_task(page(), cfg)
+    low_key, low = make_task(page(detail="low", detail_side=640), cfg)
     assert high_key != low_key and high.hint == low.hint == "Total 120.00"
     full = token_math.estimate_image_tokens("qwen2_vl", 910, 1288)
     small = token_math.estimate_image_tokens("qwen2_vl", 452, 640)
     result = ExtractionResult(status="ok", extraction=json.dumps(CLEAN), image_tokens=small, text_tokens=80,
                               output_tokens=60, attempts=1, gpu_seconds=0.2, sent_width=452, sent_height=640)
-    (row,) = to_rows(PredictionResult(low, result), ENGINE, cfg)
+    (row,) = to_rows(PredictionResult(low, result), cfg)
     assert row.image_tokens_saved == full - small > 0
     assert (row.detail, row.hint, row.hint_source, row.hint_coverage) == ("low", "Total 120.00", "text_layer", 0.99)
-    (row,) = to_rows(PredictionResult(high, replace(result, image_tokens=full)), ENGINE, cfg)
+    (row,) = to_rows(PredictionResult(high, replace(result, image_tokens=full)), cfg)
     assert row.image_tokens_saved == 0 and row.detail == "high"
 
 
 def test_rows_carry_hint_flags_and_output_flags_to_every_copy() -> None:
     cfg = config()
     flagged = page(flags=("invisible_text", "prompt_injection"), flag_detail=("prompt_injection: x",))
-    tasks = [make_task(replace(flagged, source_uri=u, doc_sha256=u * 32), ENGINE, cfg)[1] for u in "ab"]
+    tasks = [make_task(replace(flagged, source_uri=u, doc_sha256=u * 32), cfg)[1] for u in "ab"]
     bad = json.dumps({**CLEAN, "vendor_name": "jane@example.com"})
     result = ExtractionResult(status="ok", extraction=bad, image_tokens=10, attempts=1)
-    (first,) = to_rows(PredictionResult(tasks[0], result), ENGINE, cfg)
-    copy = copy_row(tasks[1].page, tasks[0], result, ENGINE, cfg)
+    (first,) = to_rows(PredictionResult(tasks[0], result), cfg)
+    copy = copy_row(tasks[1].page, tasks[0], result, cfg)
     for row in (first, copy):
         assert row.flags == ("invisible_text", "prompt_injection", "pii", "pii_email")
         assert row.flag_detail[0] == "prompt_injection: x" and row.flag_detail[1].startswith("pii_email")
@@ -124,7 +125,7 @@ def test_rows_carry_hint_flags_and_output_flags_to_every_copy() -> None:
 def test_flags_and_reason_codes_are_documented() -> None:
     from pathlib import Path
 
-    from schemas.records import REASON_CODES
+    from schemas.reasons import REASON_CODES
 
     docs = Path(__file__).resolve().parents[3] / "docs"
     readme = (docs / "tables.md").read_text() + (docs / "safety.md").read_text()  # reason codes; flags, blocklists

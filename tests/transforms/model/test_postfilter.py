@@ -10,14 +10,8 @@ from typing import Any
 import pytest
 
 from schemas.extraction import ExtractionSchema, load_schema, schema_hash
-from transforms.model.postfilter import (
-    INVALID_JSON,
-    MAX_ERROR_CHARS,
-    SCHEMA_INVALID,
-    TRUNCATED,
-    SchemaValidator,
-    ValidationResult,
-)
+from schemas.reasons import INVALID_JSON, SCHEMA_INVALID, TRUNCATED
+from transforms.model.postfilter import MAX_ERROR_CHARS, SchemaValidator, ValidationResult
 
 PAGE = {"language": "en", "lines": ["INVOICE No. 42", "Total: 10.50 EUR"], "tables": []}
 PAGE_TEXT = json.dumps(PAGE)

@@ -1,4 +1,4 @@
-"""transforms/model/presets.py: the registry, `pagemill presets`, and flags overriding a preset."""
+"""pipelines/config/presets.py: the registry, `pagemill presets`, and flags overriding a preset."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,7 +7,7 @@ import pytest
 
 from pipelines import cli
 from pipelines.config.options import PagemillOptions
-from transforms.model.presets import PRESETS, get_preset, with_preset
+from pipelines.config.presets import PRESETS, get_preset, with_preset
 
 
 def options(flags: list[str]) -> PagemillOptions:

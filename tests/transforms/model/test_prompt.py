@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import replace
 
 import pytest
 
-from schemas.extraction import ExtractionSchema, load_schema
-from transforms.extract.stage import ExtractConfig
+from schemas.extraction import ExtractionSchema
+from tests.support.extract_configs import extract_config
 from transforms.model import prompt
 from transforms.model.cache_key import canonical, settings_key
 from transforms.model.prompt import (
@@ -86,13 +85,6 @@ def test_prompt_template_hash_follows_the_wording(monkeypatch: pytest.MonkeyPatc
     monkeypatch.undo()
     monkeypatch.setattr(prompt, "SYSTEM_PROMPT", SYSTEM_PROMPT + " ")
     assert prompt_template_hash() != before
-
-
-def extract_config(**changes: object) -> ExtractConfig:
-    base = ExtractConfig(schema=load_schema("invoice"), tenant="acme", model="m", model_revision="r",
-                         render_key="k", model_family="qwen2_vl", max_model_len=8192, max_tokens=384,
-                         max_attempts=2, gpu_hourly_usd=2.5, api_price="gpt-4o", prices={})
-    return replace(base, **changes)
 
 
 def test_the_configuration_key_covers_prompt_decoding_and_the_extract_settings(

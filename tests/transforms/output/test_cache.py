@@ -17,6 +17,7 @@ from schemas.records import DocumentRecord, ListedObject, PageRow
 from schemas.statuses import SUCCESS
 from transforms.output.cache import (
     CACHE_COLUMNS,
+    RESUMED,
     ReadEarlierPages,
     SkipCachedDocuments,
     SkipDoneDocuments,
@@ -141,3 +142,27 @@ def test_cached_rows_keep_no_cost_whatever_the_earlier_status(statuses: tuple[st
     rows = [earlier(i, status=s, cost_usd=1.0, gpu_seconds=3.0) for i, s in enumerate(statuses)]
     got = document_from_cache(DOC, rows)
     assert got is not None and all(isinstance(r, PageRow) and r.cost_usd == 0 and r.gpu_seconds == 0 for r in got)
+
+
+def test_a_resumes_own_answered_pages_keep_their_status_and_are_tagged_resumed() -> None:
+    """A resume (run r2 killed before DOC's documents row) finds DOC's pages answered by r2 itself: counted
+    with their own status (the document is `extracted`, as in an uninterrupted run), never written again;
+    the same rows seen by another run are `cached` copies."""
+    rows = [earlier(0, run_id="r2", source_uri=DOC.uri),
+            earlier(1, run_id="r2", source_uri=DOC.uri, status="duplicate")]
+    own = document_from_cache(DOC, rows, run_id="r2")
+    assert [(r.status, r.route) for r in own or []] == [("ok", RESUMED), ("duplicate", RESUMED)]
+    other = document_from_cache(DOC, rows, run_id="r3")
+    assert [(r.status, r.route) for r in other or []] == [("cached", "cache"), ("cached", "cache")]
+    mixed = document_from_cache(DOC, [rows[0], earlier(1, run_id="r1", source_uri=DOC.uri)], run_id="r2")
+    assert [(r.status, r.route) for r in mixed or []] == [("ok", RESUMED), ("cached", "cache")]
+    twin = [{**r, "source_uri": "s3://b/twin.pdf"} for r in rows]  # this run answered them for another object
+    assert [r.status for r in document_from_cache(DOC, twin, run_id="r2") or []] == ["cached", "cached"]
+    safety = SafetyConfig(nsfw_classifier="none")
+    with BeamPipeline() as p:
+        docs = p | "Docs" >> beam.Create([DOC])
+        out = docs | SkipCachedDocuments(p | "Earlier" >> beam.Create(rows), safety, "r2")
+        assert_that(out[RESUMED] | "Resumed" >> beam.Map(lambda r: (r.page_index, r.status)),
+                    equal_to([(0, "ok"), (1, "duplicate")]), label="resumed")
+        assert_that(out.cached, equal_to([]), label="cached")
+        assert_that(out.render, equal_to([]), label="render")

@@ -10,9 +10,10 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from schemas.records import REASON_CODES, DocumentRecord, DocumentRow, PageRow
+from schemas.reasons import REASON_CODES
+from schemas.records import DocumentRecord, DocumentRow, PageRow
 from schemas.statuses import OUTCOMES
-from transforms.output.outcome import DocumentOutcomes, _PageTally, document_outcome
+from transforms.output.outcome import DocumentOutcomes, PageTally, document_outcome
 
 A = DocumentRecord("s3://b/a.pdf", 10, "a" * 64, "pdf", 3)
 B = DocumentRecord("s3://b/b.pdf", 20, "b" * 64, "pdf", 2)
@@ -24,7 +25,7 @@ def page(d: DocumentRecord, index: int, status: str, reason: str | None = None) 
 
 
 def test_page_tally_counts_statuses_and_reasons() -> None:
-    tally = _PageTally()
+    tally = PageTally()
     acc = tally.create_accumulator()
     assert acc == (Counter(), Counter())
     for row in (page(A, 0, "ok"), page(A, 1, "failed", "page_too_large"), page(A, 2, "failed", "page_too_large")):

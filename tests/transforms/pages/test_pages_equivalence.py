@@ -20,8 +20,8 @@ import pytest
 from PIL import Image
 
 from schemas.records import DocumentRecord, PageImage
-from tests.transforms.safety.test_gate import hamming
-from tests.transforms.safety.test_picture_pages import corpus_pdfs
+from tests.support.corpus_pdfs import corpus_pdfs
+from tests.support.pictures import hamming
 from transforms.hints.choose import HintSettings, choose_hint
 from transforms.intake.formats import load_pdf
 from transforms.model import prompt

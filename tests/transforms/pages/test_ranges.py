@@ -12,10 +12,10 @@ import pytest
 
 from pipelines import cli
 from schemas.records import DocumentRecord, PageImage, PageRow
-from tests import docmaker
-from tests.pipelines.raw import raw_rows
-from tests.transforms.document_work.test_pages_timed import SETTINGS, first_page_then_hang
-from transforms.child_process import _wait_s
+from tests.support import docmaker
+from tests.support.raw import raw_rows
+from tests.support.render_hangs import SETTINGS, first_page_then_hang
+from transforms.child_process import wait_s
 from transforms.document_work import timed
 from transforms.document_work.timed import RenderLimits, RenderWorker, range_limit_s
 from transforms.pages.ranges import MAX_RANGES, page_ranges
@@ -64,9 +64,9 @@ def test_a_range_gets_its_share_of_the_time_limit_and_fails_only_its_pages(monke
 
     def spy(now: float, doc_deadline: float, page_deadline: float) -> float | None:
         deadlines.append(doc_deadline)
-        return _wait_s(now, doc_deadline, page_deadline)
+        return wait_s(now, doc_deadline, page_deadline)
 
-    monkeypatch.setattr(timed, "_wait_s", spy)
+    monkeypatch.setattr(timed, "wait_s", spy)
     worker = RenderWorker(RenderLimits(document_timeout_s=4), first_page_then_hang)
     try:
         worker._boot()  # booted beforehand: the child's start is off the clock, so the deadline is exact

@@ -10,8 +10,9 @@ from collections.abc import Callable, Iterator
 import pytest
 from PIL import Image
 
-from schemas.records import REASON_CODES, DocumentRecord, PageImage, PageRow
-from tests import docmaker
+from schemas.reasons import REASON_CODES
+from schemas.records import DocumentRecord, PageImage, PageRow
+from tests.support import docmaker
 from transforms.output.outcome import document_outcome
 from transforms.pages.render import RenderSettings, normalise, page_hash, render_document
 
@@ -302,7 +303,8 @@ def test_thin_strip_is_padded_to_a_ratio_vision_models_accept() -> None:
 def test_render_dofn_reads_the_object_and_splits_pages_from_failures(tmp_path) -> None:
     from apache_beam.pvalue import TaggedOutput
 
-    from transforms.pages.render import FAILED_PAGES, RenderPagesDoFn
+    from transforms.pages.render import FAILED_PAGES
+    from transforms.pages.stage import RenderPagesDoFn
 
     fn = RenderPagesDoFn(SETTINGS)
     good = tmp_path / "three.pdf"

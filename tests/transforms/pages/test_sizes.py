@@ -7,7 +7,7 @@ import pypdfium2 as pdfium
 import pytest
 from PIL import Image
 
-from tests import docmaker
+from tests.support import docmaker
 from transforms.pages.render import normalise
 from transforms.pages.sizes import (
     MAX_ASPECT,

@@ -8,9 +8,10 @@ import numpy as np
 from PIL import Image
 
 from schemas.records import DocumentRecord, PageImage
-from tests import docmaker
+from tests.support import docmaker
+from tests.support.hidden_text import hidden_runs_pdf
 from transforms.pages.render import RenderSettings, render_document
-from transforms.pages.textlayer import CELL, _long_runs, coverage, ink_mask, invisible_runs, remove_runs
+from transforms.pages.textlayer import CELL, coverage, ink_mask, invisible_runs, long_runs, remove_runs
 
 SETTINGS = RenderSettings(dpi=150, max_side=1288, jpeg_quality=90, max_text_chars=20000, max_page_points=14400,
                           max_image_pixels=89_478_485, max_bytes=2**26)
@@ -42,7 +43,7 @@ def test_long_runs_matches_a_plain_loop() -> None:
                 run = run + 1 if mask[r, c] else 0
                 if run >= length:
                     expected[r, c - run + 1: c + 1] = True
-        assert (_long_runs(mask, length) == expected).all()
+        assert (long_runs(mask, length) == expected).all()
 
 
 def test_rules_are_not_ink_but_text_is() -> None:
@@ -95,16 +96,6 @@ def test_invisible_runs_ignore_punctuation_noise() -> None:
     assert invisible_runs([" ", "-", "― "]) == ()
     assert invisible_runs(["ab", "cd"]) == ("ab", "cd")
     assert invisible_runs(["Hidden text"]) == ("Hidden text",)
-
-
-def hidden_runs_pdf(n: int) -> bytes:
-    """One page: `n` separate runs of microscopic (0.5 pt, invisible when rendered) text on a grid, and one
-    visible line. Each run is its own text box, so an unbounded check reads the page's text `n` times."""
-    ops = [docmaker._text(56, 30, "Total due: 120.00 GBP"), b"BT /F1 0.5 Tf\n"]
-    for i in range(n):
-        ops.append(b"1 0 0 1 %g %g Tm (ab) Tj\n" % (20 + (i % 100) * 5.5, 820 - (i // 100) * 9))
-    ops.append(b"ET\n")
-    return docmaker._build_pdf([b"".join(ops)])
 
 
 class CountingTextPage:

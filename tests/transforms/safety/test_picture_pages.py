@@ -2,7 +2,6 @@
 image or leave ink unexplained; a page of text and rules skips them, with a note. Blocklists see every page."""
 from __future__ import annotations
 
-import csv
 import hashlib
 import io
 from dataclasses import replace
@@ -14,9 +13,9 @@ import pytest
 from PIL import Image
 
 from schemas.records import DocumentRecord, PageImage
-from tests import docmaker
-from tests.conftest import CORPUS
-from tests.transforms.safety.test_gate import encode, photo, write_list
+from tests.support import docmaker
+from tests.support.corpus_pdfs import corpus_pdfs
+from tests.support.pictures import encode, photo, write_list
 from transforms.pages.render import RenderSettings, has_raster_image, render_document
 from transforms.safety.blocklist import usable_pdq
 from transforms.safety.gate import Checks, SafetyConfig, Verdict, holds_picture, load_checks, screen_page
@@ -122,13 +121,6 @@ def test_blocklists_still_see_text_only_pages(tmp_path: Path) -> None:
                            nsfw_classifier="nudenet")
         _, verdict = screen_page(page, load_checks(cfg), low_side=0)
         assert verdict is not None and verdict.reason_code == "blocked_hash", entry
-
-
-def corpus_pdfs() -> list[tuple[str, bytes]]:
-    rows = list(csv.DictReader((CORPUS / "manifest.csv").open()))
-    return [(r["local_path"], (CORPUS / r["local_path"]).read_bytes()) for r in rows
-            if r["role"] == "input" and r["category"] in ("extraction_gt", "ocr_scans")
-            and r["local_path"].lower().endswith(".pdf")]
 
 
 def test_corpus_verdicts_equal_classifying_every_page() -> None:

@@ -6,7 +6,6 @@ import datetime as dt
 import errno
 import os
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -17,10 +16,11 @@ from pipelines.run.failure import run_failure
 from pipelines.tables import sql
 from schemas import tables
 from schemas.layout import partition
-from tests import docmaker
+from tests.support import docmaker
+from tests.support.attempts import SPEND, STARTED, page, spend, write_attempt
 from transforms.store.compaction import clear_run, compact_run
 from transforms.store.files import run_files, run_tenants, tenant_files
-from transforms.store.write import FlushPolicy, WriteParquetBundles, write_rows
+from transforms.store.write import write_rows
 
 
 def test_compact_run_keeps_the_latest_row_per_key(tmp_path: Path) -> None:
@@ -46,36 +46,6 @@ def test_compaction_keeps_the_row_that_did_the_work_over_a_later_cached_copy(tmp
     compact_run(str(tmp_path), "t", "r")
     (only,) = run_files(str(tmp_path), "ledger", "t", "r")
     assert [(r["route"], r["cost_usd"]) for r in pq.read_table(only).to_pylist()] == [("model", 0.5)]
-
-
-# One invocation: every row it writes has the same created_at (its start), so only the attempt can order them.
-STARTED = dt.datetime(2026, 12, 3, 2, 0, tzinfo=dt.UTC)
-SPEND = ("image_tokens", "text_tokens", "output_tokens", "attempts", "gpu_seconds", "cost_usd", "api_equivalent_usd")
-
-
-def write_attempt(out: str, table: str, rows: list[dict[str, Any]], name: str) -> None:
-    """`rows` as the real writer writes them (it numbers the attempt), in one part file renamed to `name`,
-    so a test decides how the files sort."""
-    folder = Path(partition(out, table, "t", "r"))
-    before = set(folder.glob("*.parquet")) if folder.exists() else set()
-    writer = WriteParquetBundles(str(folder), table, FlushPolicy(rows=0, seconds=0))
-    writer.setup()
-    writer.start_bundle()
-    for row in rows:
-        list(writer.process({"run_id": "r", "tenant": "t", "created_at": STARTED, **row}))
-    writer.finish_bundle()
-    (new,) = set(folder.glob("*.parquet")) - before
-    new.rename(folder / name)
-
-
-def page(doc: str, index: int, status: str, **more: Any) -> dict[str, Any]:
-    return {"doc_sha256": doc, "source_uri": f"s3://in/{doc}.pdf", "page_index": index, "status": status,
-            "page_hash": f"{doc}-{index}", **more}
-
-
-def spend(doc: str, index: int, route: str, cost: tuple[int, int, int, int, float, float, float]) -> dict[str, Any]:
-    return {"doc_sha256": doc, "source_uri": f"s3://in/{doc}.pdf", "page_index": index, "route": route,
-            **dict(zip(SPEND, cost, strict=True))}
 
 
 ANSWERED = page("a", 0, "ok", extraction='{"total": 12}')

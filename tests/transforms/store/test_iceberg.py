@@ -88,7 +88,7 @@ def test_a_table_an_older_release_made_gains_the_new_columns(tmp_path: Path) -> 
     older = pa.schema([f for f in tables.LEDGER if f.name != "cached_prompt_tokens"])
     catalog = iceberg.open_catalog(_config(), str(tmp_path))
     schema = iceberg.iceberg_schema(older)
-    catalog.create_table("pagemill.ledger", schema=schema, partition_spec=iceberg._spec(schema))
+    catalog.create_table("pagemill.ledger", schema=schema, partition_spec=iceberg.partition_spec_of(schema))
     old_file = _write(tmp_path, "ledger", [{k: v for k, v in r.items()} for r in _ledger_rows("alpha", "r0", 1)],
                       run_id="r0", schema=older)
     iceberg.sync_run(_config(), str(tmp_path), None, "alpha", "r0", {"ledger": [old_file]}, "wave", 0)
@@ -152,3 +152,47 @@ def test_read_table_pins_every_table_to_a_snapshots_time(tmp_path: Path) -> None
     ("https://catalog.example/api", "s3://b/o", False), ("catalog.db", "out", True)])
 def test_catalog_problems(uri: str, output: str, bad: bool) -> None:
     assert bool(iceberg.catalog_problems(uri, output)) is bad
+
+
+def test_a_run_that_loses_the_race_to_make_the_namespace_goes_on(tmp_path: Path, monkeypatch) -> None:
+    """Two runs opening a new catalog at once both see the namespace missing; the SQL catalog fails the second
+    insert with an IntegrityError (CI saw it: `UNIQUE constraint failed: iceberg_namespace_properties...`).
+    Replayed here without timing: the other run made the namespace after this one looked."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    iceberg.open_catalog(_config(), str(tmp_path))  # the other run, first
+    looked = []
+    real = SqlCatalog.namespace_exists
+
+    def stale_first_look(self, namespace):  # this run's look happened before the other run's insert
+        looked.append(namespace)
+        return False if len(looked) == 1 else real(self, namespace)
+
+    monkeypatch.setattr(SqlCatalog, "namespace_exists", stale_first_look)
+    catalog = iceberg.open_catalog(_config(), str(tmp_path))
+    assert len(looked) >= 2  # the lost race happened and was looked at again
+    assert real(catalog, "pagemill")
+    first = _write(tmp_path, "ledger", _ledger_rows("alpha", "r1", 2))
+    assert iceberg.sync_run(_config(), str(tmp_path), None, "alpha", "r1", {"ledger": [first]}, "wave", 0)["ledger"]
+
+
+def test_a_run_that_loses_the_race_to_make_the_catalogs_tables_goes_on(tmp_path: Path, monkeypatch) -> None:
+    """The other race of two runs opening a new SQLite catalog (CI saw it: `OperationalError: table
+    iceberg_namespace_properties already exists`): both find the catalog's tables absent, the second CREATE fails.
+    Replayed without timing: the other run made them between this run's look and its CREATE."""
+    from pyiceberg.catalog.sql import SqlCatalog
+    from sqlalchemy.exc import OperationalError
+
+    real, creates = SqlCatalog.create_tables, []
+
+    def made_by_the_other_run_first(self):
+        creates.append(1)
+        real(self)  # the other run's CREATE lands first...
+        if len(creates) == 1:  # ...and this run's own then fails, as SQLite fails it
+            raise OperationalError("CREATE TABLE iceberg_namespace_properties", {}, Exception("already exists"))
+
+    monkeypatch.setattr(SqlCatalog, "create_tables", made_by_the_other_run_first)
+    catalog = iceberg.open_catalog(_config(), str(tmp_path))
+    assert creates and catalog.namespace_exists("pagemill")
+    first = _write(tmp_path, "ledger", _ledger_rows("alpha", "r1", 2))
+    assert iceberg.sync_run(_config(), str(tmp_path), None, "alpha", "r1", {"ledger": [first]}, "wave", 0)["ledger"]

@@ -10,7 +10,7 @@ import pytest
 
 from schemas import tables
 from schemas.layout import partition
-from tests.disk_faults import FullDisk
+from tests.support.disk_faults import FullDisk
 from transforms.store.write import (
     AttemptSequence,
     FlushPolicy,

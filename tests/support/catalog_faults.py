@@ -1,0 +1,47 @@
+"""Faults for the catalog tests, in the launcher's commit step (pipelines/run/commits.py), run as
+`python -m tests.support.catalog_faults MODE WAVE run ...`:
+
+- `kill-before-commit`: SIGKILL once the wave's pipeline finished and its files are on disk, before its commit;
+- `kill-after-commit`: SIGKILL right after the wave's commit, before the wave is marked done;
+- `replay`: before the wave's commit, one of its `pages` and `ledger` part files is written a second time under
+  another name (a runner that retried a bundle after its writer flushed).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import uuid
+
+from pipelines.run import commits
+from transforms.store.write import part_prefix
+
+
+def faulty(mode: str, wave: int) -> type[commits.Commits]:
+    class Faulty(commits.Commits):
+        def wave_done(self, done: int) -> None:
+            if done == wave and mode == "kill-before-commit":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if done == wave and mode == "replay":
+                for table in ("pages", "ledger"):
+                    own = [f for f in self._files(table) if f.rsplit("/", 1)[-1].startswith(part_prefix(wave))]
+                    folder = own[0].rsplit("/", 1)[0]
+                    shutil.copyfile(own[0], f"{folder}/{part_prefix(wave)}{uuid.uuid4().hex}.parquet")
+            super().wave_done(done)
+            if done == wave and mode == "kill-after-commit":
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return Faulty
+
+
+def main(argv: list[str]) -> int:
+    from pipelines import cli
+
+    mode, wave, *args = argv
+    commits.Commits = faulty(mode, int(wave))  # type: ignore[misc]
+    return cli.main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
