@@ -32,6 +32,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from schemas.kept_row import SPEND
 from tests.conftest import vllm_available
 from tests.support import docmaker, hosts
 from tests.support.raw import one_row_per
@@ -199,6 +200,10 @@ def comparable(row: dict[str, Any], bucket: str) -> dict[str, Any]:
     return kept
 
 
+def without(row: dict[str, Any], columns: tuple[str, ...]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k not in columns}
+
+
 def table(site: Site, bucket: str, output: str, name: str) -> dict[Any, dict[str, Any]]:
     return {k: comparable(r, bucket) for k, r in one_row_per(rows(site, bucket, output, name), *KEYS[name]).items()}
 
@@ -266,7 +271,12 @@ def test_worker_host_dies_the_resume_rides_out_a_storage_outage_and_equals_a_one
         remote, local = table(site, bucket, "out", name), table(site, bucket, "local", name)
         assert set(remote) == set(local), name
         for key in local:
-            assert remote[key] == local[key], (name, key)
+            ours, theirs = remote[key], local[key]
+            if name == "ledger" and ours["attempts"] > theirs["attempts"]:
+                # The kill fell between a page's ledger file and its pages file (the ledger's is written first):
+                # the resume answered the page again and its kept row sums both invocations' spend.
+                ours, theirs = without(ours, SPEND), without(theirs, SPEND)
+            assert ours == theirs, (name, key)
     outcomes = sorted(d["outcome"] for d in table(site, bucket, "local", "documents").values())
     assert outcomes == sorted(["extracted"] * 7 + ["duplicate", "rejected"])
     every_page = set(table(site, bucket, "local", "pages"))

@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import apache_beam as beam
@@ -95,36 +96,56 @@ class WriteParquetBundles(beam.DoFn):
     """
 
     def __init__(self, folder: str, table: str, policy: FlushPolicy | None = None,
-                 clock: Callable[[], float] = time.monotonic, prefix: str = PART_PREFIX) -> None:
+                 clock: Callable[[], float] = time.monotonic, prefix: str = PART_PREFIX,
+                 to_row: Callable[[Any], dict[str, Any]] | None = None,
+                 written_first: WriteParquetBundles | None = None) -> None:
         self.folder = folder  # partition(output, table, tenant, run_id)
         self.table = table
         self.policy = policy or FlushPolicy()
         self.clock = clock
         self.prefix = prefix
+        self.to_row = to_row  # element -> this table's row (None: the element is the row)
+        # Another table's writer fed the same elements and flushed just before this one, so that no row of this
+        # table is on disk without its row there (a page's `pages` row without its `ledger` row: a resume keeps
+        # the page and would never write its spend).
+        self.written_first = written_first
 
     def setup(self) -> None:
+        if self.written_first is not None:
+            self.written_first.setup()
         self.schema = tables.SCHEMAS[self.table]
         self.rows_written = Metrics.counter("pagemill", f"{self.table}_rows_written")
         self.files_written = Metrics.counter("pagemill", f"{self.table}_files_written")
         self.done = Metrics.counter("pagemill", DONE_COUNTERS[self.table]) if self.table in DONE_COUNTERS else None
 
     def start_bundle(self) -> None:
+        if self.written_first is not None:
+            self.written_first.start_bundle()
         self.rows: list[dict[str, Any]] = []
         self.oldest = 0.0
 
-    def process(self, row: dict[str, Any]) -> Iterator[None]:
+    def process(self, element: Any) -> Iterator[None]:
+        if self.written_first is not None:
+            self.written_first.buffer(element)
+        if self.buffer(element):
+            self.flush()
+        return iter(())
+
+    def buffer(self, element: Any) -> bool:
+        """Buffer the element's row; True when the flush policy is due."""
         now = self.clock()
         if not self.rows:
             self.oldest = now
+        row = element if self.to_row is None else self.to_row(element)
         self.rows.append({**row, ATTEMPT_SEQ: ATTEMPTS()})
-        if self.policy.due(len(self.rows), now - self.oldest):
-            self.flush()
-        return iter(())
+        return self.policy.due(len(self.rows), now - self.oldest)
 
     def finish_bundle(self) -> None:
         self.flush()
 
     def flush(self) -> None:
+        if self.written_first is not None:
+            self.written_first.flush()
         if not self.rows:
             return
         write_rows(self.folder, self.schema, self.rows, f"{self.prefix}{uuid.uuid4().hex}{PART_SUFFIX}")
@@ -214,11 +235,19 @@ class WriteTables(beam.PTransform):
     def expand(self, documents: beam.PCollection) -> dict[str, tuple[beam.PCollection, ...]]:
         run, run_id, tenant, policy = self.run, self.run["run_id"], self.run["tenant"], self.policy
         out, prefix = self.output, self.prefix
+        written = []
+        # One writer per branch for a page's two rows: its ledger row is flushed before its pages row, so a kill
+        # between the two files leaves spend without a page (the resume answers the page again and the ledger
+        # sums both attempts), never a page whose spend no row records.
+        for i, branch in enumerate(flatten_branches(self.pages)):
+            ledger = WriteParquetBundles(partition(out, "ledger", tenant, run_id), "ledger", policy, prefix=prefix,
+                                         to_row=partial(tables.ledger_row, run=run))
+            pages = WriteParquetBundles(partition(out, "pages", tenant, run_id), "pages", policy, prefix=prefix,
+                                        to_row=partial(tables.page_row, run=run), written_first=ledger)
+            written.append(branch | f"WritePagesAndLedger{i}" >> beam.ParDo(pages))
         return {
             "documents": documents | "WriteDocuments" >> WriteTable(
                 out, "documents", tenant, run_id, policy, tables.document_row, run, prefix=prefix),
-            "pages": self.pages
-            | "WritePages" >> WriteTable(out, "pages", tenant, run_id, policy, tables.page_row, run, prefix=prefix),
-            "ledger": self.pages
-            | "WriteLedger" >> WriteTable(out, "ledger", tenant, run_id, policy, tables.ledger_row, run, prefix=prefix),
+            "pages": tuple(written),
+            "ledger": tuple(written),
         }

@@ -196,3 +196,49 @@ def test_a_full_disk_leaves_no_half_written_file(tmp_path: Path, monkeypatch) ->
     assert caught.value.errno == errno.ENOSPC
     assert injector.partial.endswith(".inprogress")  # the fault did strike mid-file
     assert list(folder.iterdir()) == []  # and the partial file is gone, not just hidden
+
+
+def _page(i: int) -> dict:
+    return {"run_id": "r", "tenant": "t", "doc_sha256": f"d{i}", "source_uri": f"s3://b/{i}.pdf", "page_index": 0,
+            "status": "ok", "route": "model", "output_tokens": 10 + i}
+
+
+def _pages_and_ledger(tmp_path: Path, policy: FlushPolicy) -> WriteParquetBundles:
+    ledger = WriteParquetBundles(partition(str(tmp_path), "ledger", "t", "r"), "ledger", policy,
+                                 to_row=lambda page: {**page, "cost_usd": 0.5})
+    return WriteParquetBundles(partition(str(tmp_path), "pages", "t", "r"), "pages", policy,
+                               to_row=dict, written_first=ledger)
+
+
+def test_a_page_row_reaches_disk_only_after_its_ledger_row(tmp_path: Path, monkeypatch) -> None:
+    """The two rows of a page share one writer: each flush writes the ledger's file first, so a run killed (here: a
+    ledger write that fails) between them never leaves a `pages` row whose spend no `ledger` row records."""
+    from apache_beam.io.filesystems import FileSystems
+
+    writer = _pages_and_ledger(tmp_path, FlushPolicy(rows=2, seconds=0))
+    writer.setup()
+    writer.start_bundle()
+    order: list[str] = []
+    create = FileSystems.create
+
+    def recording(path: str, *args, **kwargs):
+        order.append(Path(path).parts[-4])  # <output>/<table>/tenant=t/run_id=r/<file>
+        return create(path, *args, **kwargs)
+
+    monkeypatch.setattr(FileSystems, "create", recording)
+    for i in range(3):
+        list(writer.process(_page(i)))
+    assert order == ["ledger", "pages"]  # the row limit flushed both tables, the ledger first
+    writer.finish_bundle()
+    assert order == ["ledger", "pages"] * 2
+    ledger = [r for f in (tmp_path / "ledger").rglob("*.parquet") for r in pq.read_table(f).to_pylist()]
+    pages = _on_disk(tmp_path / "pages")
+    assert sorted(r["source_uri"] for r in ledger) == pages == [f"s3://b/{i}.pdf" for i in range(3)]
+    assert {r["cost_usd"] for r in ledger} == {0.5}  # each table's own row, made by its to_row
+
+    monkeypatch.setattr(FileSystems, "create", _FullDisk(create))
+    writer.start_bundle()
+    list(writer.process(_page(3)))
+    with pytest.raises(OSError):
+        writer.finish_bundle()
+    assert _on_disk(tmp_path / "pages") == pages  # the ledger's write failed: the page's row was not written
