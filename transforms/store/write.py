@@ -14,7 +14,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import apache_beam as beam
@@ -185,26 +184,44 @@ def _discard(path: str) -> None:
         log.warning("could not remove the partial file %s", path)
 
 
+@dataclass(frozen=True)
+class RowOf:
+    """An element -> one table's row: `to_row(element, *args)` (picklable, unlike a lambda over the run)."""
+
+    to_row: Callable[..., dict[str, Any]]
+    args: tuple[Any, ...] = ()
+
+    def __call__(self, element: Any) -> dict[str, Any]:
+        return self.to_row(element, *self.args)
+
+
 class WriteTable(beam.PTransform):
-    """Rows (one PCollection, or the branches of a Flatten) -> Parquet files of one table.
+    """Rows (one PCollection, or the branches of a Flatten) -> Parquet files of one table; with `written_first`
+    (another table and its `to_row`), each element's row of that table too, always flushed just before this
+    table's (WriteParquetBundles.written_first).
 
     Each input of a Flatten is written where it is produced: the in-memory DirectRunner materialises
     every multi-input Flatten, so a writer behind one would see no row until all its inputs were
     done. Writing the branches separately keeps each writer in its producer's fused stage."""
 
     def __init__(self, output: str, table: str, tenant: str, run_id: str, policy: FlushPolicy | None = None,
-                 to_row: Callable[..., dict[str, Any]] | None = None, *args: Any, prefix: str = PART_PREFIX) -> None:
+                 to_row: Callable[..., dict[str, Any]] | None = None, *args: Any, prefix: str = PART_PREFIX,
+                 written_first: tuple[str, Callable[..., dict[str, Any]]] | None = None) -> None:
         super().__init__()
-        self.folder, self.table, self.policy = partition(output, table, tenant, run_id), table, policy
-        self.to_row, self.args, self.prefix = to_row, args, prefix
+        self.output, self.tenant, self.run_id, self.table, self.policy = output, tenant, run_id, table, policy
+        self.to_row, self.args, self.prefix, self.written_first = to_row, args, prefix, written_first
+
+    def _writer(self, table: str, to_row: Callable[..., dict[str, Any]] | None,
+                first: WriteParquetBundles | None = None) -> WriteParquetBundles:
+        return WriteParquetBundles(partition(self.output, table, self.tenant, self.run_id), table, self.policy,
+                                   prefix=self.prefix, to_row=None if to_row is None else RowOf(to_row, self.args),
+                                   written_first=first)
 
     def expand(self, rows: beam.PCollection) -> tuple[beam.PCollection, ...]:
         written = []
         for i, branch in enumerate(flatten_branches(rows)):
-            if self.to_row is not None:
-                branch = branch | f"Rows{i}" >> beam.Map(self.to_row, *self.args)
-            writer = WriteParquetBundles(self.folder, self.table, self.policy, prefix=self.prefix)
-            written.append(branch | f"Write{i}" >> beam.ParDo(writer))
+            first = None if self.written_first is None else self._writer(*self.written_first)
+            written.append(branch | f"Write{i}" >> beam.ParDo(self._writer(self.table, self.to_row, first)))
         return tuple(written)
 
 
@@ -235,19 +252,15 @@ class WriteTables(beam.PTransform):
     def expand(self, documents: beam.PCollection) -> dict[str, tuple[beam.PCollection, ...]]:
         run, run_id, tenant, policy = self.run, self.run["run_id"], self.run["tenant"], self.policy
         out, prefix = self.output, self.prefix
-        written = []
-        # One writer per branch for a page's two rows: its ledger row is flushed before its pages row, so a kill
-        # between the two files leaves spend without a page (the resume answers the page again and the ledger
-        # sums both attempts), never a page whose spend no row records.
-        for i, branch in enumerate(flatten_branches(self.pages)):
-            ledger = WriteParquetBundles(partition(out, "ledger", tenant, run_id), "ledger", policy, prefix=prefix,
-                                         to_row=partial(tables.ledger_row, run=run))
-            pages = WriteParquetBundles(partition(out, "pages", tenant, run_id), "pages", policy, prefix=prefix,
-                                        to_row=partial(tables.page_row, run=run), written_first=ledger)
-            written.append(branch | f"WritePagesAndLedger{i}" >> beam.ParDo(pages))
+        # A page's ledger row is flushed before its pages row, by one writer: a kill between the two files leaves
+        # spend without a page (the resume answers the page again and the ledger sums both attempts), never a
+        # page whose spend no row records.
+        pages = self.pages | "WritePagesAndLedger" >> WriteTable(
+            out, "pages", tenant, run_id, policy, tables.page_row, run, prefix=prefix,
+            written_first=("ledger", tables.ledger_row))
         return {
             "documents": documents | "WriteDocuments" >> WriteTable(
                 out, "documents", tenant, run_id, policy, tables.document_row, run, prefix=prefix),
-            "pages": tuple(written),
-            "ledger": tuple(written),
+            "pages": pages,
+            "ledger": pages,
         }
