@@ -56,18 +56,29 @@ LOCAL_RUNNERS = ("directrunner", "bundlebaseddirectrunner", "switchingdirectrunn
                  "interactiverunner")
 
 
+def runner_name(runner: Any) -> str:
+    """Pure: a runner as Beam resolves `--runner` (any case, the module path or the name without "Runner", or a
+    runner object): its lower-case class name, e.g. `portablerunner`; the DirectRunner when none is given."""
+    name = (runner if isinstance(runner, str) else type(runner).__name__ if runner else "DirectRunner").lower()
+    name = name.rsplit(".", 1)[-1]
+    return name if name.endswith("runner") else f"{name}runner"
+
+
+def environment_kind(environment_type: str | None) -> str:
+    """Pure: `--environment_type` as DOCKER, EXTERNAL, PROCESS, LOOPBACK (its URN's last part), or ''."""
+    env = (environment_type or "").upper()
+    return env.split(":")[2] if env.startswith("BEAM:ENV:") and env.count(":") >= 2 else env
+
+
 def workers_elsewhere(runner: Any, environment_type: str | None, job_endpoint: str | None = None) -> str | None:
     """Pure: why the run's SDK workers may not see this machine's files (None when they run here). Dataflow's
     are VMs; DOCKER (portable runners' default) and EXTERNAL environments are containers or worker pools that
     have only their own files; PROCESS workers run where the runner runs (here only for the local runners and an
     embedded job service); LOOPBACK workers are the launcher's own process."""
-    name = (runner if isinstance(runner, str) else type(runner).__name__ if runner else "DirectRunner").lower()
-    name = name.rsplit(".", 1)[-1]
-    name = name if name.endswith("runner") else f"{name}runner"
-    env = (environment_type or "").upper()
+    name, env = runner_name(runner), (environment_type or "").upper()
     if "dataflow" in name:
         return f"--runner {runner} runs workers on other machines"
-    if env in ("DOCKER", "EXTERNAL") or env.startswith(("BEAM:ENV:DOCKER", "BEAM:ENV:EXTERNAL")):
+    if environment_kind(env) in ("DOCKER", "EXTERNAL"):
         return f"--environment_type {env} runs workers that see only their own files"
     if env == "LOOPBACK" or name in LOCAL_RUNNERS:
         return None

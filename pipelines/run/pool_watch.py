@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pipelines.run.option_checks import environment_kind, runner_name
+
 log = logging.getLogger(__name__)
 
 POLL_S = 5.0
@@ -43,9 +45,9 @@ def parse_address(config: str | None) -> tuple[str, int] | None:
 def watched_address(runner: str | None, job_endpoint: str | None, environment_type: str | None,
                     environment_config: str | None) -> tuple[str, int] | None:
     """Pure: the pool address the launcher watches, or None (not a remote run it executes itself)."""
-    if (runner or "").rsplit(".", 1)[-1] != "PortableRunner" or (job_endpoint or "") != "embed":
+    if runner_name(runner) != "portablerunner" or (job_endpoint or "") != "embed":
         return None
-    if (environment_type or "").upper() != "EXTERNAL":
+    if environment_kind(environment_type) != "EXTERNAL":
         return None
     return parse_address(environment_config)
 

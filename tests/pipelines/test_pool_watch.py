@@ -27,6 +27,7 @@ def test_parse_address(config: str | None, address: tuple[str, int] | None) -> N
 
 @pytest.mark.parametrize(("runner", "endpoint", "kind", "watched"), [
     ("PortableRunner", "embed", "EXTERNAL", True),
+    ("portable", "embed", "beam:env:external:v1", True),  # Beam resolves `--runner portable` and takes the URN
     ("apache_beam.runners.portability.portable_runner.PortableRunner", "embed", "external", True),
     ("PortableRunner", "localhost:8099", "EXTERNAL", False),  # a Flink/Spark job server: the runner's own bound
     ("FlinkRunner", "embed", "EXTERNAL", False),
