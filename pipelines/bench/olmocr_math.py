@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from pipelines.bench.olmocr_tests import MathRule
+
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run")
 FONT_PX = 24
@@ -221,9 +223,6 @@ def alike(reference: Rendered, hypothesis: Rendered) -> bool:
     ref = [s for s in reference.spans if _no_spaces(s.text)]
     hyp = [s for s in hypothesis.spans if _no_spaces(s.text)]
     return same_layout(ref, hyp)
-
-
-MathRule = Callable[[str, Sequence[str]], bool]
 
 
 def rendered_rule(render: Callable[[str], Rendered]) -> MathRule:
