@@ -30,7 +30,7 @@ from pipelines.estimate.scan import (
     measured_output_tokens,
     scan,
 )
-from pipelines.run.settings import RunSettings, settings_from_options
+from pipelines.run.settings import RunSettings, run_settings
 from schemas.extraction import ExtractionSchema
 from schemas.reasons import OVER_TOKEN_BUDGET
 from schemas.records import API_ROUTE_PREFIX
@@ -286,9 +286,7 @@ def estimate(o: PagemillOptions, storage: StorageConfig, *, pages_per_second: fl
     pass as the run's, loading the schema and the image-token rule once); nothing else of `o` is read. Raises
     ValueError with the problems of options the settings cannot be built from."""
     t0 = time.perf_counter()
-    run = settings_from_options(o, checks=False, extract=True)  # what a run that extracts would use
-    if isinstance(run, list):
-        raise ValueError("; ".join(run))
+    run = run_settings(o, extract=True)  # what a run that extracts would use
     cfg = run.extract
     assert cfg is not None  # the estimate's settings always hold what a run that extracts would use
     schema, markdown, rule, prices = cfg.schema, cfg.markdown, cfg.model_family, cfg.prices

@@ -41,7 +41,8 @@ class RunSettings:
     keys (their fields are repr=False): a RunSettings is never printed or written to the manifest."""
 
     inputs: tuple[str, ...]  # --input patterns
-    window: tuple[float | None, float | None]  # --modified-since, --modified-until (epoch s; --since-last-run adds)
+    # --modified-since, --modified-until (epoch s); a run narrows it by --since-last-run (run.listing_window)
+    window: tuple[float | None, float | None]
     output: str
     tenant: str
     read: ReadConfig  # how intake and rendering read input objects (S3 retries, keys)
@@ -101,10 +102,10 @@ def settings_from_options(o: PagemillOptions, *, checks: bool = True,
         extract=extract_settings, flush=flush_policy(o), progress_every_s=o.progress_every_s)
 
 
-def run_settings(o: PagemillOptions) -> RunSettings:
-    """The settings of options that need no run checks (tests, benchmarks): raises ValueError when what they
-    name cannot be loaded."""
-    built = settings_from_options(o, checks=False)
+def run_settings(o: PagemillOptions, extract: bool | None = None) -> RunSettings:
+    """The settings of options that need no run checks (tests, benchmarks, the estimate): raises ValueError when
+    what they name cannot be loaded; `extract` as in settings_from_options."""
+    built = settings_from_options(o, checks=False, extract=extract)
     if isinstance(built, list):
         raise ValueError("; ".join(built))
     return built

@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import apache_beam as beam
@@ -184,17 +185,6 @@ def _discard(path: str) -> None:
         log.warning("could not remove the partial file %s", path)
 
 
-@dataclass(frozen=True)
-class RowOf:
-    """An element -> one table's row: `to_row(element, *args)` (picklable, unlike a lambda over the run)."""
-
-    to_row: Callable[..., dict[str, Any]]
-    args: tuple[Any, ...] = ()
-
-    def __call__(self, element: Any) -> dict[str, Any]:
-        return self.to_row(element, *self.args)
-
-
 class WriteTable(beam.PTransform):
     """Rows (one PCollection, or the branches of a Flatten) -> Parquet files of one table; with `written_first`
     (another table and its `to_row`), each element's row of that table too, always flushed just before this
@@ -205,17 +195,16 @@ class WriteTable(beam.PTransform):
     done. Writing the branches separately keeps each writer in its producer's fused stage."""
 
     def __init__(self, output: str, table: str, tenant: str, run_id: str, policy: FlushPolicy | None = None,
-                 to_row: Callable[..., dict[str, Any]] | None = None, *args: Any, prefix: str = PART_PREFIX,
-                 written_first: tuple[str, Callable[..., dict[str, Any]]] | None = None) -> None:
+                 to_row: Callable[[Any], dict[str, Any]] | None = None, *, prefix: str = PART_PREFIX,
+                 written_first: tuple[str, Callable[[Any], dict[str, Any]]] | None = None) -> None:
         super().__init__()
         self.output, self.tenant, self.run_id, self.table, self.policy = output, tenant, run_id, table, policy
-        self.to_row, self.args, self.prefix, self.written_first = to_row, args, prefix, written_first
+        self.to_row, self.prefix, self.written_first = to_row, prefix, written_first
 
-    def _writer(self, table: str, to_row: Callable[..., dict[str, Any]] | None,
+    def _writer(self, table: str, to_row: Callable[[Any], dict[str, Any]] | None,
                 first: WriteParquetBundles | None = None) -> WriteParquetBundles:
         return WriteParquetBundles(partition(self.output, table, self.tenant, self.run_id), table, self.policy,
-                                   prefix=self.prefix, to_row=None if to_row is None else RowOf(to_row, self.args),
-                                   written_first=first)
+                                   prefix=self.prefix, to_row=to_row, written_first=first)
 
     def expand(self, rows: beam.PCollection) -> tuple[beam.PCollection, ...]:
         written = []
@@ -256,11 +245,11 @@ class WriteTables(beam.PTransform):
         # spend without a page (the resume answers the page again and the ledger sums both attempts), never a
         # page whose spend no row records.
         pages = self.pages | "WritePagesAndLedger" >> WriteTable(
-            out, "pages", tenant, run_id, policy, tables.page_row, run, prefix=prefix,
-            written_first=("ledger", tables.ledger_row))
+            out, "pages", tenant, run_id, policy, partial(tables.page_row, run=run), prefix=prefix,
+            written_first=("ledger", partial(tables.ledger_row, run=run)))
         return {
             "documents": documents | "WriteDocuments" >> WriteTable(
-                out, "documents", tenant, run_id, policy, tables.document_row, run, prefix=prefix),
+                out, "documents", tenant, run_id, policy, partial(tables.document_row, run=run), prefix=prefix),
             "pages": pages,
             "ledger": pages,
         }
