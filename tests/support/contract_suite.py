@@ -33,6 +33,7 @@ from transforms.engines.base import (
     Sampling,
     TokenBudget,
 )
+from transforms.model.prompt import json_prompt
 
 WAIT_S = 300.0  # a guard against a hang (a CPU engine on a loaded machine), not a speed limit
 PAGE_SIZE = (280, 392)
@@ -90,7 +91,7 @@ def page_jpeg(size: tuple[int, int] = PAGE_SIZE) -> bytes:
 def page_request(s: Subject, hint: str = "Invoice 7, total 12.00", data: bytes | None = None,
                  max_model_len: int = 8192) -> PageRequest:
     return PageRequest(PageSource(page_jpeg() if data is None else data, 0),
-                       PromptParts(SCHEMA, "contract", hint, "shared_first"),
+                       PromptParts(json_prompt(SCHEMA), "contract", hint),
                        TokenBudget(max_model_len, SHORT.max_tokens, "qwen2_vl"), s.model)
 
 

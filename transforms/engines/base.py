@@ -51,7 +51,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from transforms.model.prompt import PromptText, json_prompt
+from transforms.model.prompt import PromptText
 
 
 class RequestRejected(Exception):
@@ -84,20 +84,14 @@ class PageSource:
 
 @dataclass(frozen=True)
 class PromptParts:
-    """What the prompt asks for. With `text` None: an answer of the JSON schema `schema` (pagemill's JSON prompt,
-    transforms.model.prompt.json_prompt, in `layout`). Else the words of `text` (the extract stage's, e.g. a markdown
-    format's) and no JSON constraint. `hint`: the page's text, which each engine cleans of its model's control
-    tokens; `schema_id`: the answer's name (an endpoint's response_format)."""
+    """What the prompt asks for: its words (`text`: pagemill's JSON prompt of the schema, transforms.model.prompt.
+    json_prompt, or a markdown format's; made once per run, ExtractConfig.prompt_words), `hint`: the page's text,
+    which each engine cleans of its model's control tokens, and `schema_id`: the answer's name (an endpoint's
+    response_format). Whether the answer is constrained, and by what, is the request's Sampling."""
 
-    schema: Mapping[str, Any]
+    text: PromptText
     schema_id: str
     hint: str
-    layout: str
-    text: PromptText | None = None
-
-    def words(self) -> PromptText:
-        """The prompt's words, whatever the engine (transforms.model.prompt.prompt_messages makes its messages)."""
-        return self.text if self.text is not None else json_prompt(self.schema, self.layout)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 from schemas.extraction import ExtractionSchema
 from transforms.model.markdown import MarkdownFormat
-from transforms.model.prompt import SHARED_FIRST, DecodingParams, config_key
+from transforms.model.prompt import SHARED_FIRST, DecodingParams, PromptText, config_key, json_prompt
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,13 @@ class ExtractConfig:
     @property
     def decoding(self) -> DecodingParams:
         return DecodingParams(max_tokens=self.max_tokens)
+
+    @cached_property
+    def prompt_words(self) -> PromptText:
+        """The words of every page's prompt, made once: a markdown format's, else the JSON prompt of the schema."""
+        if self.markdown is not None:
+            return self.markdown.prompt_text(self.prompt_layout)
+        return json_prompt(self.schema.schema, self.prompt_layout)
 
     @cached_property
     def config_key(self) -> str:

@@ -65,10 +65,7 @@ def sampling(schema: Any, max_tokens: int, attempt: int, markdown: MarkdownForma
 def page_request(task: PageTask, cfg: ExtractConfig) -> PageRequest:
     """The neutral request of one page (transforms/engines/base.py): its encoded bytes, the prompt's parts and
     the token budget. Pure."""
-    # A markdown format brings its own words and no JSON constraint; else the JSON prompt of the schema.
-    text = cfg.markdown.prompt_text(cfg.prompt_layout) if cfg.markdown is not None else None
-    parts = PromptParts(schema=cfg.schema.schema, schema_id=cfg.schema.schema_id, hint=task.hint,
-                        layout=cfg.prompt_layout, text=text)
+    parts = PromptParts(text=cfg.prompt_words, schema_id=cfg.schema.schema_id, hint=task.hint)
     return PageRequest(PageSource(task.page.image, task.page.detail_side), parts,
                        TokenBudget(cfg.max_model_len, cfg.max_tokens, cfg.model_family), cfg.model)
 

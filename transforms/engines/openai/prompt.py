@@ -88,7 +88,7 @@ def build_request(request: PageRequest) -> Prepared:
     url, width, height = page_image(page.data, width, height, page.detail_side)
     image_tokens = token_math.estimate_image_tokens(request.budget.model_family, width, height)
     image = {"type": "image_url", "image_url": {"url": url}}
-    messages = prompt_messages(parts.words(), parts.hint, served_controls(request.model), image)
+    messages = prompt_messages(parts.text, parts.hint, served_controls(request.model), image)
     return Prepared({"messages": messages, "image_tokens": image_tokens, "schema_id": parts.schema_id}, 0, width,
                     height)
 

@@ -55,7 +55,7 @@ class Templated:
 
     def _prepare(self, request: PageRequest) -> Prepared:
         parts, room = request.prompt, request.budget
-        messages = prompt_messages(parts.words(), parts.hint, self.controls)
+        messages = prompt_messages(parts.text, parts.hint, self.controls)
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         # The template holds one image placeholder token, which the engine expands to image_tokens.
         text_tokens = len(self.tokenizer.encode(text, add_special_tokens=False)) - 1

@@ -42,6 +42,7 @@ from transforms.engines.vllm_machine import engine as machine
 from transforms.engines.vllm_machine import wire
 from transforms.engines.vllm_machine.engine import SOCKET, VllmMachineEngine
 from transforms.engines.vllm_machine.folder import prepare_folder, service_env
+from transforms.model.prompt import json_prompt
 
 IMG = Image.new("RGB", (4, 4))
 
@@ -164,7 +165,7 @@ def test_a_tokenizer_that_cannot_load_fails_prepare_as_a_dead_engine_saying_why(
 def page_request_of(img: Image.Image) -> PageRequest:
     buf = io.BytesIO()
     img.save(buf, format="PNG")
-    return PageRequest(PageSource(buf.getvalue(), 0, img.size), PromptParts({}, "none", "", "shared_first"),
+    return PageRequest(PageSource(buf.getvalue(), 0, img.size), PromptParts(json_prompt({}), "none", ""),
                        TokenBudget(8192, 64, "qwen2_vl"))
 
 
