@@ -174,7 +174,7 @@ def olmocr_agreement(checkout: Path, work: Path, math: MathRule | None
             verdict = False if got is None else check(test, got, math)[0]
             if test.kind == "math":
                 maths += 1
-                rendered += verdict and not check(test, got or "")[0]  # passed by rendering alone
+                rendered += bool(verdict) and not check(test, got or "")[0]  # passed by rendering alone
             total += 1
             passes += theirs[test.id]
             if verdict == theirs[test.id]:

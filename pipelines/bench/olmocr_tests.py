@@ -31,7 +31,9 @@ _DOLLAR_DELIMITERS = (r"\$\$(.+?)\$\$", r"\$(.+?)\$")
 _SUPERSCRIPT = dict(zip("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹", strict=True))
 
 
-MathRule = Callable[[str, Sequence[str]], bool]  # (expected LaTeX, the page's equations) -> passed
+# (expected LaTeX, the page's equations) -> passed; None: unscored (the rendered comparison could not decide in
+# its bound, pipelines/bench/olmocr_layout.py), which `check` reports as passed None.
+MathRule = Callable[[str, Sequence[str]], bool | None]
 
 
 class BadTest(ValueError):
@@ -198,9 +200,11 @@ def equations(md: str, dollars: bool = True) -> list[str]:
     return found
 
 
-def _math(test: BenchTest, md: str, rule: MathRule | None = None) -> tuple[bool, str]:
+def _math(test: BenchTest, md: str, rule: MathRule | None = None) -> tuple[bool | None, str]:
     found = equations(md, not test.get("ignore_dollar_delimited", False))
     ok = rule(test.spec["math"], found) if rule else test.spec["math"] in found
+    if ok is None:
+        return None, f"unscored: no equation matched {test.spec['math'][:40]!r}, and one was too costly to compare"
     return ok, "" if ok else (f"no equation {'rendering like' if rule else 'equal to'} {test.spec['math'][:40]!r}"
                               + ("" if rule else " (rendered comparison not run)"))
 
@@ -262,9 +266,10 @@ _CHECKS: Mapping[str, Callable[[BenchTest, str], tuple[bool, str]]] = {
     "baseline": _baseline, "format": _format, "footnote": _footnote}
 
 
-def check(test: BenchTest, markdown: str, math: MathRule | None = None) -> tuple[bool, str]:
+def check(test: BenchTest, markdown: str, math: MathRule | None = None) -> tuple[bool | None, str]:
     """Whether `markdown` (one page) passes `test`, and why not; `math` decides math tests when given (the
-    reference's full rule), else they pass on an equal equation only."""
+    reference's full rule), else they pass on an equal equation only. None: unscored (only a math test under the
+    full rule, whose layout comparison gave up)."""
     if test.kind == "math":
         return _math(test, markdown, math)
     return _CHECKS[test.kind](test, markdown)
