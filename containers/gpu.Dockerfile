@@ -20,7 +20,8 @@ ARG BEAM_VERSION
 ARG VLLM_VERSION=0.32.0
 # Tesseract for OCR hints; the NVIDIA driver comes from the host (Dataflow: install-nvidia-driver), the CUDA
 # runtime from vLLM's wheels.
-RUN apt-get update -q && apt-get install -y -q --no-install-recommends tesseract-ocr \
+# g++: pdqhash and zss come as source archives only (hashed in the lock); it is purged after the install.
+RUN apt-get update -q && apt-get install -y -q --no-install-recommends tesseract-ocr g++ \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 10001 --user-group pagemill
 COPY --from=beam /opt/apache/beam /opt/apache/beam
@@ -36,6 +37,7 @@ COPY schemas /opt/pagemill/schemas
 # need, CUDA torch from PyPI included); then pagemill itself, with no dependency resolved and nothing downloaded.
 RUN pip install --no-cache-dir --require-hashes --no-deps -r /opt/pagemill/containers/requirements-gpu.lock \
     && pip install --no-cache-dir --no-deps --no-index --no-build-isolation /opt/pagemill \
-    && python -c "import apache_beam, vllm, pipelines.cli; assert apache_beam.__version__ == '${BEAM_VERSION}'"
+    && python -c "import apache_beam, vllm, pipelines.cli; assert apache_beam.__version__ == '${BEAM_VERSION}'" \
+    && apt-get purge -y -q --auto-remove g++
 USER pagemill
 ENTRYPOINT ["/opt/apache/beam/boot"]
