@@ -31,6 +31,7 @@ from transforms.engines.base import PageEngine
 from transforms.extract.config import ExtractConfig as ExtractConfig  # the stage's configuration, re-exported
 from transforms.extract.feed import PageFeed
 from transforms.model import budget, token_math
+from transforms.model.evidence import with_evidence
 from transforms.model.markdown import front_matter_columns
 from transforms.model.postfilter import OutputFlags, markdown_flags, output_flags
 from transforms.model.prompt import SYSTEM_PROMPT, cache_key
@@ -70,7 +71,7 @@ def to_rows(result: Any, cfg: ExtractConfig) -> Iterator[PageRow]:
     saved = 0
     if page.detail_side and r.image_tokens:  # sent at low detail: what full detail would have cost more
         saved = max(0, token_math.estimate_image_tokens(cfg.model_family, page.width, page.height) - r.image_tokens)
-    yield PageRow.of_page(page, r.status, route=cfg.route if r.attempts else "failed",
+    row = PageRow.of_page(page, r.status, route=cfg.route if r.attempts else "failed",
                           image_tokens=r.image_tokens, text_tokens=r.text_tokens, output_tokens=r.output_tokens,
                           attempts=r.attempts, gpu_seconds=r.gpu_seconds, cost_usd=page_cost_usd(r, cfg),
                           api_equivalent_usd=api_usd,
@@ -78,6 +79,7 @@ def to_rows(result: Any, cfg: ExtractConfig) -> Iterator[PageRow]:
                           flag_detail=page.flag_detail + out.notes, image_tokens_saved=saved,
                           cached_prompt_tokens=r.cached_prompt_tokens, stop_reason=r.stop_reason,
                           extracted_at=r.finished_at, **_common(task, r, cfg))
+    yield evidence_of(cfg, page, row)
 
 
 def page_cost_usd(r: ExtractionResult, cfg: ExtractConfig) -> float:
@@ -94,10 +96,17 @@ def copy_row(copy: PageImage, task: PageTask, r: ExtractionResult, cfg: ExtractC
     out = result_flags(r, cfg)
     status = DUPLICATE if r.status == OK else r.status
     done = max((t for t in (r.finished_at, copy.rendered_at) if t is not None), default=None)
-    return PageRow.of_page(copy, status, route="duplicate",
-                           flags=tuple(dict.fromkeys(copy.flags + r.flags + out.flags)),
-                           flag_detail=copy.flag_detail + out.notes, extracted_at=done,
-                           **_common(task, r, cfg))
+    row = PageRow.of_page(copy, status, route="duplicate",
+                          flags=tuple(dict.fromkeys(copy.flags + r.flags + out.flags)),
+                          flag_detail=copy.flag_detail + out.notes, extracted_at=done,
+                          **_common(task, r, cfg))
+    return evidence_of(cfg, copy, row)
+
+
+def evidence_of(cfg: ExtractConfig, page: PageImage, row: PageRow) -> PageRow:
+    """The row with the evidence of its JSON answer on `page` (transforms/model/evidence.py); markdown is no
+    answer of fields."""
+    return row if cfg.markdown is not None else with_evidence(row, page.words)
 
 
 def result_flags(r: ExtractionResult, cfg: ExtractConfig) -> OutputFlags:
@@ -161,8 +170,8 @@ class StreamExtractDoFn(beam.DoFn):
         if row is not None:
             cached = cached_row(row, page.doc_sha256, page.source_uri, page.page_index)
             # The hashes the gate just computed, so the next run's reuse can re-check this copy (cache.py).
-            yield replace(cached, rendered_at=page.rendered_at, extracted_at=now, pdq_hash=page.pdq_hash,
-                          pdq_hash_low=page.pdq_hash_low)
+            yield evidence_of(self.cfg, page, replace(cached, rendered_at=page.rendered_at, extracted_at=now,
+                                                      pdq_hash=page.pdq_hash, pdq_hash_low=page.pdq_hash_low))
             return
         result, first = self._feed.claim(key)
         if first:

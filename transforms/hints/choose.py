@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 
 from PIL import Image
 
+from schemas.evidence import PageWords, encode_words
 from schemas.records import PageImage
 from transforms.hints.ocr import (
     MIN_WORD_CONF,
@@ -148,7 +149,18 @@ def apply_hint(page: PageImage, choice: HintChoice, s: HintSettings) -> PageImag
     low = choice.detail == "low" and max(page.width, page.height) > s.low_detail_side
     return replace(page, hint=choice.hint, hint_source=choice.source, hint_coverage=choice.coverage,
                    detail="low" if low else "high", detail_side=s.low_detail_side if low else 0,
-                   flags=tuple(dict.fromkeys(page.flags + choice.flags)), flag_detail=page.flag_detail + choice.notes)
+                   flags=tuple(dict.fromkeys(page.flags + choice.flags)), flag_detail=page.flag_detail + choice.notes,
+                   words=ocr_words(choice.ocr, page.width, page.height) or page.words)
+
+
+def ocr_words(result: OcrResult | None, width: int, height: int) -> bytes:
+    """Tesseract's words with their boxes (0-1 of the page it read), encoded (schemas/evidence.py): where OCR ran,
+    the words the extraction's values are looked for in, whatever became of the hint. b"" when there are none."""
+    if result is None or result.status != "ok" or not result.words or width <= 0 or height <= 0:
+        return b""
+    boxes = tuple((max(0.0, w.box[0] / width), max(0.0, w.box[1] / height), min(1.0, w.box[2] / width),
+                   min(1.0, w.box[3] / height)) for w in result.words)
+    return encode_words(PageWords("ocr", tuple(w.text for w in result.words), boxes))
 
 
 def ocr_for(settings: HintSettings, ocr: Ocr | None = None) -> Ocr:

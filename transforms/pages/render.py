@@ -20,7 +20,14 @@ from schemas.records import DocumentRecord, PageImage, PageRow
 from schemas.statuses import FAILED
 from transforms.intake.formats import PDFIUM_LOCK, PdfPasswordError, load_pdf, open_image, seek_frame
 from transforms.pages.sizes import MAX_ASPECT, cap_image, padded_size, page_too_large, pdf_render_scale
-from transforms.pages.textlayer import PICTURE_MIN_COVERAGE, TRUNCATED_FLAG, TextEvidence, pdf_text_evidence
+from transforms.pages.textlayer import (
+    PICTURE_MIN_COVERAGE,
+    TRUNCATED_FLAG,
+    TextEvidence,
+    gray_array,
+    pdf_text_evidence,
+)
+from transforms.pages.words import pdf_words
 
 FAILED_PAGES = "failed_pages"
 MAX_FORM_DEPTH = 8  # nested Form XObjects looked into for images; deeper nesting counts as an image
@@ -130,14 +137,15 @@ def has_raster_image(page: pdfium.PdfPage) -> bool:
 
 
 def _finish(doc: DocumentRecord, index: int, img: Image.Image, text: str, s: RenderSettings,
-            evidence: TextEvidence | None = None, has_raster: bool = True, digest: str | None = None) -> PageImage:
+            evidence: TextEvidence | None = None, has_raster: bool = True, digest: str | None = None,
+            words: bytes = b"") -> PageImage:
     evidence = evidence or TextEvidence(coverage=0.0, invisible=())
     return PageImage(doc_sha256=doc.doc_sha256, source_uri=doc.uri, page_index=index,
                      page_hash=digest or page_hash(img),
                      image=encode_page(img, s.jpeg_quality), width=img.width, height=img.height,
                      text_layer=text[: s.max_text_chars], text_coverage=evidence.coverage,
                      invisible_text=tuple(t[:500] for t in evidence.invisible[:50]),
-                     flags=(TRUNCATED_FLAG,) if evidence.truncated else (), has_raster=has_raster)
+                     flags=(TRUNCATED_FLAG,) if evidence.truncated else (), has_raster=has_raster, words=words)
 
 
 @dataclass(frozen=True)
@@ -147,6 +155,7 @@ class RenderedPdfPage:
     evidence: TextEvidence
     has_raster: bool
     page_hash: str
+    words: bytes = b""  # the text layer's visible words and their boxes (transforms/pages/words.py)
 
 
 def render_pdf_page(pdf: pdfium.PdfDocument, index: int, s: RenderSettings) -> RenderedPdfPage:
@@ -170,14 +179,17 @@ def render_pdf_page(pdf: pdfium.PdfDocument, index: int, s: RenderSettings) -> R
             bitmap.close()
         textpage = page.get_textpage()
         text = textpage.get_text_bounded()
-        evidence = pdf_text_evidence(page, textpage, img)
+        gray = gray_array(img)  # once for both: a few ms a page
+        evidence = pdf_text_evidence(page, textpage, img, gray)
+        # A text layer whose hidden text was not all checked is no evidence either (as it is no hint).
+        words = b"" if evidence.truncated else pdf_words(page, textpage, img, gray)
         textpage.close()
         # Only read where it decides anything: a page whose text does not explain its ink is
         # classified anyway (safety.holds_picture), and the walk runs under the pdfium lock.
         raster = evidence.coverage < PICTURE_MIN_COVERAGE or has_raster_image(page)
     finally:
         page.close()
-    return RenderedPdfPage(final, text, evidence, raster, digest)
+    return RenderedPdfPage(final, text, evidence, raster, digest, words)
 
 
 def render_pdf(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterator[PageImage | PageRow]:
@@ -193,7 +205,7 @@ def render_pdf(doc: DocumentRecord, data: bytes, s: RenderSettings) -> Iterator[
                 # The lock is held for one page only (never across a yield), so threads interleave.
                 with PDFIUM_LOCK:
                     r = render_pdf_page(pdf, index, s)
-                yield _finish(doc, index, r.image, r.text, s, r.evidence, r.has_raster, r.page_hash)
+                yield _finish(doc, index, r.image, r.text, s, r.evidence, r.has_raster, r.page_hash, r.words)
             except PageError as err:
                 yield failed_page(doc, index, err.reason_code, str(err))
             except Exception as err:  # noqa: BLE001 - one bad page must not fail its document

@@ -128,7 +128,7 @@ def invisible_runs(texts: Sequence[str]) -> tuple[str, ...]:
     return tuple(kept) if sum(sum(ch.isalnum() for ch in t) for t in kept) >= MIN_INVISIBLE_ALNUM else ()
 
 
-def _device_affine(page: object, width: int, height: int) -> np.ndarray:
+def device_affine(page: object, width: int, height: int) -> np.ndarray:
     """The 2x3 map from PDF user space to bitmap pixels, as pdfium renders the page (rotation, crop)."""
     import pypdfium2.raw as pdfium_c
 
@@ -143,11 +143,11 @@ def _device_affine(page: object, width: int, height: int) -> np.ndarray:
     return np.array([[(x1 - x0) / 1e4, (x2 - x0) / 1e4, x0], [(y1 - y0) / 1e4, (y2 - y0) / 1e4, y0]])
 
 
-def pdf_text_evidence(page: object, textpage: object, img: Image.Image) -> TextEvidence:
-    """Coverage and invisible text of one rendered PDF page (`img` is the bitmap before any resize).
-    The caller holds the pdfium lock."""
-    gray = gray_array(img)
-    affine = _device_affine(page, img.width, img.height)
+def pdf_text_evidence(page: object, textpage: object, img: Image.Image, gray: np.ndarray | None = None) -> TextEvidence:
+    """Coverage and invisible text of one rendered PDF page (`img` is the bitmap before any resize; `gray` its
+    `gray_array`, when the caller has it). The caller holds the pdfium lock."""
+    gray = gray_array(img) if gray is None else gray
+    affine = device_affine(page, img.width, img.height)
     boxes: list[Box] = []
     hidden: list[str] = []
     count = textpage.count_rects()  # type: ignore[attr-defined]
