@@ -51,7 +51,7 @@ def encode_words(words: PageWords) -> bytes:
         return b""
     n = len(words.texts)
     coords = [min(_SCALE, max(0, round(c * _SCALE))) for box in words.boxes for c in box]
-    text = _SEP.join(t.replace(_SEP, " ") for t in words.texts).encode("utf-8")
+    text = _SEP.join(t.replace(_SEP, " ") for t in words.texts).encode("utf-8", "replace")
     return _MAGIC + bytes([_SOURCES.index(words.source)]) + struct.pack(f"<I{4 * n}H", n, *coords) + text
 
 

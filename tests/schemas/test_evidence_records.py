@@ -26,3 +26,10 @@ def test_what_is_not_an_encoding_decodes_to_no_words(data: bytes) -> None:
 
 def test_no_words_encode_to_nothing() -> None:
     assert encode_words(PageWords("text_layer", (), ())) == b""
+
+
+def test_a_text_layer_word_with_a_lone_surrogate_still_encodes() -> None:
+    # pdfium hands back lone surrogates from broken ToUnicode maps (a corpus PDF did): the page must not fail.
+    words = PageWords("text_layer", ("ok", "bad\udb62x"), ((0.0, 0.0, 0.5, 0.5), (0.5, 0.5, 1.0, 1.0)))
+    decoded = decode_words(encode_words(words))
+    assert decoded is not None and decoded.texts[0] == "ok" and decoded.texts[1].startswith("bad")
