@@ -53,16 +53,22 @@ from transforms.intake.inspection import IntakeLimits, inspect_document  # noqa:
 from transforms.model import budget  # noqa: E402
 from transforms.pages.render import RenderSettings, render_document  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # host_steps.py beside this script (not a package)
+from host_steps import host_steps  # noqa: E402
+from host_steps import report_lines as host_lines  # noqa: E402
+
 # The pipeline's defaults (pipelines/config/options.py) except max_side, which is a flag here.
 MAX_BYTES = 50 * 2**20
 LIMITS = IntakeLimits(max_bytes=MAX_BYTES, max_pages=5000, max_image_pixels=89_478_485)
 WARMUP_SEED = 90_000  # an invoice that is not among the measured pages
+HOST_PAGES = 16  # pages whose host steps are timed again (their decoded images are kept until then)
 JSON_KEYS = ("bench", "platform", "device", "model", "model_family", "schema", "input", "pages",
              "max_in_flight", "engine_start_s", "warmup_s", "render_s", "wall_s", "pages_per_s",
              "prompt_tokens_per_s", "output_tokens_per_s", "image_tokens", "text_tokens", "output_tokens",
              "engine_s", "engine_calls", "engine_busy_fraction", "ok", "invalid", "failed", "reasons", "attempts",
              "gpu_hourly_usd", "usd_per_1m_pages", "api_price", "api_usd_per_1m_pages", "api_cost_ratio",
-             "max_side", "max_tokens", "max_num_seqs", "kv_cache_gib", "total_s")
+             "max_side", "max_tokens", "max_num_seqs", "kv_cache_gib", "total_s", "host_ms", "host_image_processor",
+             "host_resize_noop", "host_torch_threads")
 
 
 class TimedEngine(VllmLocalEngine):
@@ -70,11 +76,23 @@ class TimedEngine(VllmLocalEngine):
 
     def __init__(self, settings: VllmLocalSettings) -> None:
         self.requests = 0
+        self.recording = False  # the timed pages' requests and answers, for the host steps (host_steps.py)
+        self.seen: list[tuple[Any, Any]] = []
+        self.answers: list[str] = []
         super().__init__(settings)
+
+    def prepare(self, request: Any) -> Any:
+        prepared = super().prepare(request)
+        if self.recording and len(self.seen) < HOST_PAGES:
+            self.seen.append((request, prepared))
+        return prepared
 
     def submit(self, prepared: Any, sampling: Any) -> Any:
         self.requests += 1
-        return super().submit(prepared, sampling)
+        future = super().submit(prepared, sampling)
+        if self.recording and len(self.answers) < HOST_PAGES:
+            future.add_done_callback(lambda f: f.exception() or self.answers.append(f.result().output.text))
+        return future
 
 
 @dataclasses.dataclass
@@ -119,6 +137,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--enforce-eager", action="store_true", help="GPU: skip CUDA graphs (faster start)")
     p.add_argument("--gpu-hourly-usd", type=float, default=2.5)
     p.add_argument("--api-price", default="gpt-4o", help="hosted API to compare with (schemas/prices.json)")
+    p.add_argument("--no-host-steps", dest="host_steps", action="store_false",
+                   help="skip timing the host steps (decode, image processor, prompt, grammar, detokenise) again "
+                        "on the run's pages once it is over")
     p.add_argument("--json", action="store_true", help="end with one JSON line of every figure")
     p.add_argument("--json-file", default=None, help="also write that JSON object to this file")
     args = p.parse_args(argv)
@@ -251,10 +272,15 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
             extract_all(engine, warm, cfg, in_flight)
         warmup_s = time.perf_counter() - t0
         busy0, calls0 = engine.busy_seconds, engine.requests
+        engine.recording = True
         t0 = time.perf_counter()
         results = extract_all(engine, tasks, cfg, in_flight)
         wall = time.perf_counter() - t0
         engine_s, calls = engine.busy_seconds - busy0, engine.requests - calls0
+        engine.recording = False
+        # The host path, step by step, on this run's own pages, with the engine idle (host_steps.py).
+        host = host_steps(engine, [r for r, _ in engine.seen], [p for _, p in engine.seen], engine.answers,
+                          dict(cfg.schema.schema)) if args.host_steps else {}
     finally:
         engine.shutdown()
 
@@ -276,7 +302,7 @@ def run(args: argparse.Namespace, model: str) -> dict[str, Any]:
         "api_price": args.api_price, "api_usd_per_1m_pages": round(api_per_1m, 2),
         "api_cost_ratio": round(api_per_1m / usd_per_1m, 3) if usd_per_1m else None,
         "max_side": args.max_side, "max_tokens": args.max_tokens, "max_num_seqs": settings.max_num_seqs,
-        "kv_cache_gib": settings.kv_cache_gib, "total_s": round(time.perf_counter() - started, 3),
+        "kv_cache_gib": settings.kv_cache_gib, "total_s": round(time.perf_counter() - started, 3), **host,
     }
 
 
@@ -304,6 +330,7 @@ def report(r: dict[str, Any]) -> str:
         f"  hosted API     ${r['api_usd_per_1m_pages']:,.2f} per 1M pages at {r['api_price']} list price "
         f"(same pages and token counts): {r['api_cost_ratio']}x this run's cost",
         f"  total          {r['total_s']:.1f} s (incl. rendering, engine start and warm-up)",
+        *host_lines(r),
     ]
     return "\n".join(lines)
 

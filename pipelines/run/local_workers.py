@@ -3,11 +3,17 @@ Beam flags for `--workers`, and a small run's in-process shortcut."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.config.options import PagemillOptions
+
+if TYPE_CHECKING:
+    from transforms.intake.inspection import IntakeLimits
+    from transforms.store.listing_file import Listing
 
 
 def usable_cores() -> int:
@@ -40,13 +46,85 @@ def local_workers_flags(flags: Sequence[str], cores: int) -> list[str]:
     return [f"{DIRECT_FLAGS[0]}=multi_processing", f"{DIRECT_FLAGS[1]}={workers}"]
 
 
-# A run this small does not start a worker pool (~5 s of process starts on 2 cores): it runs in process.
-SMALL_RUN_OBJECTS, SMALL_RUN_BYTES = 32, 2 * 2**20
+# A run this small does not start a worker pool (~5 s of process starts on 2 cores, ~4 CPU s): it runs in process.
+# Pages count too: one core renders, gates and hints ~30 born-digital pages a second (benchmarks/README.md), so past
+# ~128 pages (4 s of one core, what the pool's start costs) the other cores gain more than the pool costs.
+SMALL_RUN_OBJECTS, SMALL_RUN_BYTES, SMALL_RUN_PAGES = 32, 2 * 2**20, 128
+COUNT_TIMEOUT_S = 10.0  # the launcher's page count of one small listing's objects; past it, not small
 
 
-def small_run(objects: int, total_bytes: int) -> bool:
-    """Pure: few objects and few bytes (pages are not known before intake; bytes bound them loosely)."""
-    return objects <= SMALL_RUN_OBJECTS and total_bytes <= SMALL_RUN_BYTES
+def small_run(objects: int, total_bytes: int, pages: int | None) -> bool:
+    """Pure: few objects, few bytes and few pages. `pages` None: not counted (the count failed or ran out of
+    time), which is not small: a needless pool costs seconds, one core for a 400-page PDF leaves the others idle."""
+    return (objects <= SMALL_RUN_OBJECTS and total_bytes <= SMALL_RUN_BYTES and pages is not None
+            and pages <= SMALL_RUN_PAGES)
+
+
+def listed_pages(uris: Sequence[str], read: Callable[[str], bytes], limits: IntakeLimits,
+                 timeout_s: float = COUNT_TIMEOUT_S) -> int | None:
+    """The pages of a few listed objects, counted from their page trees and image headers (no pixel decoded) in
+    one intake child (transforms/intake/timed.py's: untrusted bytes are opened under a deadline, never in the
+    launcher); None when any object cannot be read or counted within `timeout_s` in all. An object intake will
+    reject (an unknown format, an encrypted PDF, more pages than --max-pages) counts no pages."""
+    from functools import partial
+
+    from schemas.records import ListedObject
+    from transforms.intake.formats import IMAGE_FORMATS, PAGED_IMAGE_FORMATS, sniff_format
+    from transforms.intake.inspection import counted_in_child, header_page_count
+    from transforms.intake.timed import IntakeWorker
+
+    deadline = time.monotonic() + timeout_s
+    worker = IntakeWorker(partial(counted_in_child, count=header_page_count))
+    pages = 0
+    try:
+        for uri in uris:
+            data = read(uri)
+            fmt = sniff_format(data[:1024])
+            left = deadline - time.monotonic()
+            if fmt is None or not data:
+                continue
+            if fmt in IMAGE_FORMATS and fmt not in PAGED_IMAGE_FORMATS:  # one page: no child needed to say so
+                pages += 1
+                continue
+            if left <= 0:
+                return None
+            replies, stopped, _ = worker.ask((ListedObject(uri, len(data)), data, fmt, "", limits), left)
+            if stopped is not None or len(replies) != 1:
+                return None
+            count = replies[0]
+            pages += count if isinstance(count, int) and count <= limits.max_pages else 0
+    except Exception:  # noqa: BLE001 - a read or a child that fails: not known, so not small
+        return None
+    finally:
+        worker.stop()
+    return pages
+
+
+def small_listing(listing: Listing, settings: Any) -> bool:
+    """Whether a run's listing is small (`small_run`); its objects are read and their pages counted only when
+    their number and bytes are small already. `settings`: the run's (pipelines/run/settings.py: its reader
+    and intake limits)."""
+    if not small_run(listing.objects, listing.bytes, 0):
+        return False
+    from transforms.intake.reading import ObjectReader
+    from transforms.store.listing_file import wave_rows
+
+    reader = ObjectReader(settings.read)
+    try:
+        uris = [row["uri"] for wave in range(listing.waves)
+                for row in wave_rows(listing.wave_file(wave), listing.digests[wave] if listing.digests else None)]
+    except Exception:  # noqa: BLE001 - a listing that changed fails its wave later, with its own message
+        return False
+    pages = listed_pages(uris, lambda uri: reader.read(uri, settings.intake.max_bytes), settings.intake)
+    return small_run(listing.objects, listing.bytes, pages)
+
+
+def decides_workers(options: PipelineOptions) -> bool:
+    """Whether the run chooses its local workers (`--workers 0`, or Beam's own "all cores")."""
+    from apache_beam.options.pipeline_options import DirectOptions
+
+    direct = options.view_as(DirectOptions)
+    return direct.direct_running_mode == "multi_processing" and direct.direct_num_workers == 0
 
 
 def resolve_local_workers(options: PipelineOptions, cores: int, small: bool) -> None:
@@ -55,7 +133,7 @@ def resolve_local_workers(options: PipelineOptions, cores: int, small: bool) -> 
     from apache_beam.options.pipeline_options import DirectOptions
 
     direct = options.view_as(DirectOptions)
-    if direct.direct_running_mode != "multi_processing" or direct.direct_num_workers != 0:
+    if not decides_workers(options):
         return
     if small or cores <= 1:
         direct.direct_running_mode, direct.direct_num_workers = "in_memory", 1

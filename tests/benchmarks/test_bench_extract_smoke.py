@@ -61,6 +61,12 @@ def test_two_pages_give_a_json_line_with_every_figure(test_model_dir: Path, caps
     assert figures["engine_s"] > 0 and figures["engine_busy_fraction"] == pytest.approx(figures["engine_s"] / wall,
                                                                                        abs=2e-3)
     assert figures["engine_busy_fraction"] <= 1.01
+    # The host steps (benchmarks/host_steps.py): each timed; 911 px is not a multiple of Qwen2-VL's 28-px grid
+    # (32.5 units), so the processor resizes the page (to 924, 33 units) and its resize is not a no-op.
+    always = {"decode", "prompt", "image_processor", "image_processor_on_grid", "engine_input", "detokenise"}
+    assert always <= set(figures["host_ms"]) <= set(sys.modules["host_steps"].STEPS) | {"grammar_compile_once"}
+    assert all(v >= 0 for v in figures["host_ms"].values())
+    assert figures["host_resize_noop"] is False and figures["host_grid_sizes"] == ["924x1288"]
     assert figures["usd_per_1m_pages"] == pytest.approx(
         figures["wall_s"] / 2 * 1e6 / 3600 * figures["gpu_hourly_usd"], rel=0.01)
     assert figures["api_cost_ratio"] == pytest.approx(figures["api_usd_per_1m_pages"] / figures["usd_per_1m_pages"],

@@ -2,10 +2,26 @@
 runner or streaming are left alone."""
 from __future__ import annotations
 
+from dataclasses import replace
+from types import SimpleNamespace
+
 import pytest
 
 from pipelines.config.options import PagemillOptions
-from pipelines.run.local_workers import local_workers_flags, resolve_local_workers, small_run
+from pipelines.run.local_workers import (
+    SMALL_RUN_PAGES,
+    listed_pages,
+    local_workers_flags,
+    resolve_local_workers,
+    small_listing,
+    small_run,
+)
+from schemas.records import ListedObject
+from tests.support import docmaker
+from transforms.intake.inspection import IntakeLimits
+from transforms.store.listing_file import write_listing
+
+LIMITS = IntakeLimits(max_bytes=50 * 2**20, max_pages=5000, max_image_pixels=89_478_485)
 
 MULTI = ["--direct_running_mode=multi_processing"]
 
@@ -49,8 +65,48 @@ def test_the_run_resolves_auto_workers(flags: list[str], small: bool, expected: 
 
 
 def test_small_run() -> None:
-    assert small_run(6, 100_000) and small_run(32, 2 * 2**20)
-    assert not small_run(33, 1000) and not small_run(1, 2 * 2**20 + 1)
+    assert small_run(6, 100_000, 1) and small_run(32, 2 * 2**20, SMALL_RUN_PAGES)
+    assert not small_run(33, 1000, 1) and not small_run(1, 2 * 2**20 + 1, 1)
+    # One small file of many pages is not a small run, nor one whose pages could not be counted.
+    assert not small_run(1, 1000, SMALL_RUN_PAGES + 1) and not small_run(1, 1000, None)
+
+
+def write_inputs(folder, docs: dict[str, bytes]) -> list[ListedObject]:
+    folder.mkdir()
+    for name, data in docs.items():
+        (folder / name).write_bytes(data)
+    return [ListedObject(uri=str(folder / name), size=len(data)) for name, data in sorted(docs.items())]
+
+
+def test_listed_pages_counts_page_trees_and_frames(tmp_path) -> None:
+    objects = write_inputs(tmp_path / "in", {"a.pdf": docmaker.multipage_pdf(5), "b.tiff": docmaker.multipage_tiff(3),
+                                             "c.png": docmaker.tiny_png(), "d.pdf": docmaker.encrypted_pdf(),
+                                             "notes.txt": b"not a document"})
+    uris = [o.uri for o in objects]
+
+    def read(uri: str) -> bytes:
+        with open(uri, "rb") as handle:
+            return handle.read()
+
+    # Intake rejects the encrypted PDF and the text file: they count no pages; nor does a document over --max-pages.
+    assert listed_pages(uris, read, LIMITS) == 5 + 3 + 1
+    assert listed_pages(uris, read, replace(LIMITS, max_pages=4)) == 3 + 1
+
+    def failing(uri: str) -> bytes:
+        raise OSError("gone")
+
+    assert listed_pages(uris, failing, LIMITS) is None
+
+
+@pytest.mark.parametrize("pages,small", [(3, True), (400, False)])
+def test_a_listing_of_one_long_pdf_is_not_small(tmp_path, pages: int, small: bool) -> None:
+    from transforms.intake.reading import ReadConfig
+
+    objects = write_inputs(tmp_path / "in", {"one.pdf": docmaker.multipage_pdf(pages)})
+    assert objects[0].size <= 2 * 2**20  # small by objects and bytes: only its pages tell
+    listing = write_listing(str(tmp_path / "listing"), objects, 5000)
+    settings = SimpleNamespace(read=ReadConfig(), intake=LIMITS)  # what small_listing reads of the run's
+    assert small_listing(listing, settings) is small
 
 
 @pytest.mark.parametrize("flag", ["--workers", "--render-range-pages"])

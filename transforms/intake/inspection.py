@@ -71,6 +71,18 @@ def count_pages(data: bytes, fmt: str, limits: IntakeLimits) -> int:
         return count
 
 
+def header_page_count(data: bytes, fmt: str, limits: IntakeLimits) -> int:
+    """The page count without decoding a pixel (a PDF's page tree, an image's frame headers): what the launcher
+    asks of a small listing's objects to tell a small run (pipelines/run/local_workers.py), not a validation."""
+    if fmt == "pdf":
+        with open_pdf(data) as doc:
+            return len(doc)
+    if fmt not in IMAGE_FORMATS:
+        raise ValueError(f"no reader for {fmt}")
+    with open_image(data, limits.max_image_pixels) as img:
+        return image_page_count(img, fmt)
+
+
 def count_or_reject(obj: ListedObject, data: bytes, fmt: str, sha: str, limits: IntakeLimits,
                     count: PageCounter = count_pages) -> int | DocumentRow:
     """The page count, or the rejected row of a document that cannot be opened."""
