@@ -34,7 +34,21 @@ def batch_waves(o: Any, engine: Any, run: dict[str, Any], storage: Any, listing:
                 waves: Callable[[], tuple[Any, dict[str, Any]]],
                 sleep: Callable[[float], None] = time.sleep) -> tuple[Any, dict[str, Any]]:
     """Run `waves` (the run's pipeline) as often as the batches need, or raise TryLater. Returns its last
-    result, once no page of the run is pending."""
+    result, once no page of the run is pending. The run's batches are held (lock.py) for all of it: a second
+    launcher of the same run is refused with TryLater."""
+    from transforms.engines.openai_batch.lock import LauncherBusy, launcher_lock
+
+    try:
+        with launcher_lock(engine.folder):
+            return _passes(o, engine, run, storage, listing, waves, sleep)
+    except LauncherBusy as busy:  # a second launcher of the run: it would submit the same spool again
+        raise TryLater(f"pagemill: run {o.run_id}: {busy}; exit 75: nothing was submitted by this one: run the "
+                       f"same command again once that launcher has ended") from None
+
+
+def _passes(o: Any, engine: Any, run: dict[str, Any], storage: Any, listing: Any,
+            waves: Callable[[], tuple[Any, dict[str, Any]]],
+            sleep: Callable[[float], None]) -> tuple[Any, dict[str, Any]]:
     from pipelines.run.retries import settle
     from schemas.reasons import BATCH_PENDING
     from transforms.engines.openai_batch.driver import BatchDriver
@@ -76,9 +90,11 @@ def _later(o: Any, report: Any) -> str:
 
 
 def _say(o: Any, report: Any, what: str) -> None:
+    from pipelines.run.run_log import screen_err  # the screen, not the run's log (the run is under way)
+
     print(f"pagemill: run {o.run_id}: batches {what}: {report.working} working, {report.batches} created "
           f"({report.submitted} requests), {report.collected} collected, {report.resubmitted} requests resubmitted, "
-          f"{report.failed} failed", file=sys.stderr, flush=True)
+          f"{report.failed} failed", file=screen_err(), flush=True)
 
 
 def _reopen_waves(o: Any, listing: Any) -> None:
@@ -105,15 +121,15 @@ def manifest_batches(engine: Any) -> dict[str, Any]:
 
 
 def cancel_command(argv: Sequence[str]) -> int:
-    """`pagemill cancel --output DIR --run-id ID [--tenant T] --endpoint URL [--api-key-env VAR]`: cancel the run's
-    batches. Nothing more is submitted; a later `pagemill run` collects what finished, and the rest of the run's
-    pages fail `batch_cancelled`."""
+    """`pagemill cancel --output DIR --run-id ID [--tenant T] --endpoint URL [--api-key-env VAR] [--engine
+    openai-batch|anthropic-batch]`: cancel the run's batches. Nothing more is submitted; a later `pagemill run`
+    collects what finished, and the rest of the run's pages fail `batch_cancelled`."""
     import argparse
 
+    from pipelines.config.engine import batch_settings
     from pipelines.config.storage import add_storage_args, configure, storage_from
     from schemas.layout import batch_folder
     from transforms.engines.openai_batch.driver import BatchDriver
-    from transforms.engines.openai_batch.settings import OpenAIBatchSettings
 
     parser = argparse.ArgumentParser(prog="pagemill cancel", allow_abbrev=False)
     for flag in ("--output", "--run-id", "--endpoint"):
@@ -121,15 +137,24 @@ def cancel_command(argv: Sequence[str]) -> int:
     parser.add_argument("--tenant", default="default")
     parser.add_argument("--api-key-env", default=None)
     parser.add_argument("--model", default="")
+    parser.add_argument("--engine", default="openai-batch", choices=("openai-batch", "anthropic-batch"))
     add_storage_args(parser)
     args = parser.parse_args(list(argv))
     configure(storage_from(vars(args)))
-    s = OpenAIBatchSettings(endpoint=args.endpoint, model=args.model, api_key_env=args.api_key_env,
-                            folder=batch_folder(args.output, args.tenant, args.run_id),
-                            run_key=f"{args.tenant}/{args.run_id}")
+    s = batch_settings(args.engine, endpoint=args.endpoint, model=args.model, api_key_env=args.api_key_env,
+                       folder=batch_folder(args.output, args.tenant, args.run_id),
+                       run_key=f"{args.tenant}/{args.run_id}")
+    from pipelines.run.exit_codes import TRY_LATER
+    from transforms.engines.openai_batch.lock import LauncherBusy, launcher_lock
+
     driver = BatchDriver(s)
     try:
-        asked = driver.cancel()
+        with launcher_lock(s.folder):  # a launcher's state writes would undo the cancel's
+            asked = driver.cancel()
+    except LauncherBusy as busy:
+        print(f"pagemill cancel: run {args.run_id}: {busy}; exit 75: stop that launcher (a --wait one) or let "
+              f"it exit, then cancel again", file=sys.stderr)
+        return TRY_LATER
     except Exception as err:  # noqa: BLE001 - one clear line; what was cancelled is recorded
         print(f"pagemill cancel: {type(err).__name__}: {err}", file=sys.stderr)
         return 1

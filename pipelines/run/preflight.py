@@ -136,7 +136,8 @@ def preflight(inputs: Sequence[str], output: str, storage: StorageConfig) -> lis
     return problems
 
 
-def check_endpoint(endpoint: str, model: str, api_key_env: str | None) -> str | None:
+def check_endpoint(endpoint: str, model: str, api_key_env: str | None,
+                   auth: dict[str, str] | None = None) -> str | None:
     """`--engine openai`: GET {endpoint}/models answers, within seconds, and lists --model. One line, or None.
     What the endpoint says is untrusted: read up to a cap, printed terminal-safe; the URL's password is never
     printed. A credential about to go over plain http:// to another host is warned about here, once a run."""
@@ -152,7 +153,7 @@ def check_endpoint(endpoint: str, model: str, api_key_env: str | None) -> str | 
     url = base_url(endpoint)
     shown = terminal_safe(redact_url(url + "/models"))
     try:
-        entries = model_list(url, api_key_env, httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S))
+        entries = model_list(url, api_key_env, httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S), auth)
     except httpx.HTTPError as err:
         cause = terminal_safe(redact_url(str(err) or "no answer"))
         return f"--endpoint {shown}: cannot reach the endpoint ({type(err).__name__}: {cause})"

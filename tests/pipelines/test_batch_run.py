@@ -20,6 +20,7 @@ from pipelines.tables.report import collect, summary_rows
 from tests.support import docmaker
 from tests.support.fake_batch_server import FakeBatches, batch_server
 from tests.support.raw import one_row_per, raw_rows
+from tests.support.served_faults import ANSWER
 from transforms.model.budget import load_prices
 
 FLAGS = ["--schema", "invoice", "--engine", "openai-batch", "--model", "gpt-4o", "--api-price", "gpt-4o",
@@ -96,3 +97,53 @@ def test_a_run_through_hosted_batches_exits_75_while_they_work_and_ends_with_eve
     assert report["billed_prompt_tokens"] == fake.billed["prompt_tokens"]
     shown = dict(summary_rows(collect(str(out), run_id="b1")))  # what `pagemill report` shows
     assert "4 batches: 7 requests submitted, 6 finished, 1 expired, 1 resubmitted" in shown["hosted batches"]
+
+
+def test_an_invalid_answers_retry_goes_into_the_next_batch_and_the_page_ends_ok(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    (inputs / "invoice.pdf").write_bytes(docmaker.invoice_pdf(seed=7))
+    out = tmp_path / "out"
+    answers = iter([json.dumps({k: v for k, v in ANSWER.items() if k != "total"}),  # `total` is required
+                    json.dumps(ANSWER)])
+    fake = FakeBatches(answer=lambda body: next(answers), ends_at_create=True)
+    with batch_server(fake) as url:  # one waiting invocation: pass, batch, pass (invalid: retry), batch, pass
+        assert cli.main(["run", "--input", str(inputs), "--output", str(out), "--run-id", "v1", "--endpoint", url,
+                         *FLAGS, "--wait"]) == 0, capsys.readouterr().err
+    first, second = sorted(fake.batches)
+    (tried,), (retry,) = fake.requests(first), fake.requests(second)
+    assert retry["custom_id"] != tried["custom_id"]  # another attempt: its own id
+    assert retry["body"]["messages"] == tried["body"]["messages"]  # of the same page and prompt
+    assert retry["body"]["temperature"] != tried["body"]["temperature"]  # the retry samples, the first did not
+    assert fake.received == {tried["custom_id"]: 1, retry["custom_id"]: 1}  # each attempt sent once
+    (page,) = one_row_per(raw_rows(out, "pages", "v1"), "doc_sha256", "page_index").values()
+    assert page["status"] == "ok" and json.loads(page["extraction"]) == ANSWER
+
+
+def test_a_small_run_through_anthropic_message_batches_ends_ok_at_the_batch_price(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for i in range(2):
+        (inputs / f"invoice-{i}.pdf").write_bytes(docmaker.invoice_pdf(seed=20 + i))
+    out = tmp_path / "out"
+    monkeypatch.setenv("PAGEMILL_TEST_ANTHROPIC_KEY", "sk-ant-run")
+    fake = FakeBatches(model="claude-sonnet-test", key="sk-ant-run", ends_at_create=True)
+    flags = list(FLAGS)
+    for flag, value in (("--engine", "anthropic-batch"), ("--model", "claude-sonnet-test"),
+                        ("--api-price", "claude-sonnet")):
+        flags[flags.index(flag) + 1] = value
+    with batch_server(fake) as url:
+        assert cli.main(["run", "--input", str(inputs), "--output", str(out), "--run-id", "a1", "--endpoint", url,
+                         "--api-key-env", "PAGEMILL_TEST_ANTHROPIC_KEY", *flags, "--wait"]) == 0, \
+            capsys.readouterr().err
+    assert all(b.get("api") == "anthropic" for b in fake.batches.values()) and sum(fake.received.values()) == 2
+    pages = one_row_per(raw_rows(out, "pages", "a1"), "doc_sha256", "page_index")
+    assert sorted(p["status"] for p in pages.values()) == ["ok", "ok"]
+    assert all(json.loads(p["extraction"]) == ANSWER for p in pages.values())
+    ledger = one_row_per(raw_rows(out, "ledger", "a1"), "doc_sha256", "page_index")
+    assert {r["route"] for r in ledger.values()} == {"api:claude-sonnet@batch"}
+    price = load_prices()["providers"]["claude-sonnet"]
+    billed = fake.billed_usd(price["input_usd_per_mtok"], price["output_usd_per_mtok"], 0.5)
+    assert billed > 0 and sum(r["cost_usd"] for r in ledger.values()) == pytest.approx(billed, rel=1e-3)

@@ -243,7 +243,7 @@ def test_manifest_matches_tables(run: Run) -> None:
     assert manifest["pages"] == dict(Counter(p["status"] for p in pages.values()))
     ledger_rows = len(one_row_per(raw_rows(run.output, "ledger", run.run_id), "doc_sha256", "page_index"))
     assert manifest["totals"]["pages"] == ledger_rows == sum(manifest["pages"].values())
-    assert manifest["duplicate_keys"] == {"documents": 0, "pages": 0, "ledger": 0}
+    assert manifest["duplicate_keys"] == {"documents": 0, "pages": 0, "ledger": 0, "evidence": 0}
     assert manifest["errors"] == [] and manifest["tenant"] == "default"
     assert manifest["totals"]["model_calls"] == 0
     assert manifest["options"]["extract"] is False
@@ -289,7 +289,7 @@ def test_rerun_same_run_id_replaces_rows(tmp_path: Path) -> None:
     assert run_pipeline(corpus, output, "other", runner) == 0
     counts = dict(sql.query(str(output), "SELECT run_id, count(*) FROM documents GROUP BY 1")[1])
     assert counts == {"again": len(first), "other": len(first)}
-    assert sorted(p.name for p in (output / "runs" / "tenant=default").iterdir()) == ["again.json", "other.json"]
+    assert sorted(p.name for p in (output / "runs" / "tenant=default").glob("*.json")) == ["again.json", "other.json"]
 
 
 def test_sql_before_any_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -328,7 +328,8 @@ def test_job_file_and_cli_override(tmp_path: Path) -> None:
     # A flag on the command line wins over the job's value; --input replaces the job's list.
     assert cli.main(["run", "--job", str(job), "--run-id", "from-cli", "--input", str(tmp_path / "cli-in"),
                      "--max-side", "300", "--direct_num_workers", "2"]) == 0
-    assert sorted(p.name for p in (output / "runs" / "tenant=default").iterdir()) == ["from-cli.json", "from-job.json"]
+    manifests = sorted(p.name for p in (output / "runs" / "tenant=default").glob("*.json"))
+    assert manifests == ["from-cli.json", "from-job.json"]
     docs = rows(output, "SELECT source_uri FROM documents WHERE run_id = 'from-cli' ORDER BY 1")
     assert [d["source_uri"] for d in docs] == cli_inputs
     (widest,) = sql.query(str(output), "SELECT max(greatest(width, height)) FROM pages WHERE run_id = 'from-cli'")[1][0]
@@ -336,7 +337,7 @@ def test_job_file_and_cli_override(tmp_path: Path) -> None:
     manifest = json.loads((output / "runs" / "tenant=default" / "from-cli.json").read_text())
     assert manifest["options"]["extract"] is False
     # pagemill's options and the Beam flags given, not Beam's 200-odd defaults (Dataflow's among them).
-    assert len(manifest["options"]) <= 80, sorted(manifest["options"])
+    assert len(manifest["options"]) <= 90, sorted(manifest["options"])
     assert manifest["options"]["direct_num_workers"] == 2 and manifest["options"]["max_side"] == 300
     assert "dataflow_endpoint" not in manifest["options"] and "flink_master" not in manifest["options"]
 
@@ -373,7 +374,7 @@ def test_a_duplicate_raw_row_fails_the_checks_and_the_manifest(tmp_path: Path, m
         one_row_per(raw_rows(output, "documents", "dup"), "source_uri")
     counts = run_counts(str(output), "dup", tenant="default")
     assert counts["documents"] == len(inputs) + 1  # raw rows are counted
-    assert counts["duplicate_keys"] == {"documents": 1, "pages": 0, "ledger": 0}
+    assert counts["duplicate_keys"] == {"documents": 1, "pages": 0, "ledger": 0, "evidence": 0}
     (error,) = counts["errors"]
     assert error.startswith("documents: 1 key(s)") and inputs[0] in error
     assert "ERRORS:   1" in summary(counts, 1.0, str(output), "runs/dup.json")

@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tests.support import fake_anthropic_batches as anthropic
 from tests.support.served_faults import ANSWER
 
 CHUNK = 16 * 1024  # the server writes file content in pieces this big (a results file spans many reads)
@@ -44,6 +45,8 @@ class FakeBatches:
     received: Counter[str] = field(default_factory=Counter)  # custom_id -> how many times it was submitted
     billed: Counter[str] = field(default_factory=Counter)  # prompt_tokens, completion_tokens of answers returned
     creates_429: int = 0  # the next creates answer 429
+    key: str | None = None  # Anthropic's routes: the x-api-key they want (None: any)
+    ends_at_create: bool = False  # every batch runs to completion right after its create (a quick provider)
     downloads_500: int = 0  # the next downloads answer 500
     errors_for: set[str] = field(default_factory=set)  # custom_ids answered with a request-level error (HTTP 400)
     calls: Counter[str] = field(default_factory=Counter)
@@ -54,11 +57,15 @@ class FakeBatches:
         return f"{prefix}-{next(self._ids):05d}"
 
     def requests(self, batch_id: str) -> list[dict[str, Any]]:
+        """A batch's requests as OpenAI's lines (an Anthropic batch's: custom_id and its params as `body`)."""
+        if self.batches[batch_id].get("api") == "anthropic":
+            return [{"custom_id": r["custom_id"], "body": r["params"]} for r in self.batches[batch_id]["_requests"]]
         data = self.files[self.batches[batch_id]["input_file_id"]]
         return [json.loads(line) for line in data.splitlines() if line.strip()]
 
     def working(self) -> list[str]:
-        return [b["id"] for b in self.batches.values() if b["status"] in ("validating", "in_progress", "finalizing")]
+        return [b["id"] for b in self.batches.values() if b.get("status", b.get("processing_status")) in (
+            "validating", "in_progress", "finalizing", "canceling")]
 
     def start(self, batch_id: str, status: str = "in_progress") -> None:
         with self.lock:
@@ -71,6 +78,8 @@ class FakeBatches:
             batch = self.batches[batch_id]
             lines = self.requests(batch_id)
             done = lines[:int(len(lines) * share)]
+            if batch.get("api") == "anthropic":
+                return anthropic.run(self, batch, done, lines[len(done):], status)
             out, err = [], []
             for line in done:
                 cid, body = line["custom_id"], line["body"]
@@ -155,10 +164,21 @@ def batch_server(fake: FakeBatches) -> Iterator[str]:
             if parts[:2] == ["v1", "batches"] and len(parts) == 3:
                 found = fake.batches.get(parts[2])
                 return self._json(200, found) if found else self._json(404, {"error": {"message": "no batch"}})
+            if parts[:3] == ["v1", "messages", "batches"]:
+                no = anthropic.refused(fake, self.headers)
+                if no:
+                    return self._json(*no)
+                with fake.lock:
+                    fail = parts[-1] == "results" and fake.downloads_500 > 0
+                    fake.downloads_500 -= fail
+                    status, value = (500, {"error": {"message": "download failed"}}) if fail else \
+                        anthropic.get(fake, parts, parse_qs(url.query))
+                return self._bytes(value) if isinstance(value, bytes) else self._json(status, value)
             if parts == ["v1", "batches"]:
                 query = parse_qs(url.query)
                 limit = int(query.get("limit", ["20"])[0])
-                newest = sorted(fake.batches.values(), key=lambda b: b["id"], reverse=True)
+                newest = sorted((b for b in fake.batches.values() if b.get("api") != "anthropic"),
+                                key=lambda b: b["id"], reverse=True)
                 if "after" in query:
                     newest = [b for b in newest if b["id"] < query["after"][0]]
                 page = newest[:limit]
@@ -172,20 +192,38 @@ def batch_server(fake: FakeBatches) -> Iterator[str]:
                 data = fake.files.get(parts[2])
                 if data is None:
                     return self._json(404, {"error": {"message": "no file"}})
-                self.send_response(200)
-                self.send_header("Content-Type", "application/octet-stream")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                for i in range(0, len(data), CHUNK):
-                    self.wfile.write(data[i:i + CHUNK])
-                    self.wfile.flush()
-                return None
+                return self._bytes(data)
             return self._json(404, {"error": {"message": f"no route {url.path}"}})
+
+        def _bytes(self, data: bytes) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            for i in range(0, len(data), CHUNK):
+                self.wfile.write(data[i:i + CHUNK])
+                self.wfile.flush()
 
         def do_POST(self) -> None:
             parts = urlsplit(self.path).path.strip("/").split("/")
             fake.calls[f"POST {'/'.join(parts[:2])}"] += 1
             data = self._body()
+            if parts[:3] == ["v1", "messages", "batches"]:
+                no = anthropic.refused(fake, self.headers)
+                if no:
+                    return self._json(*no)
+                if len(parts) == 5 and parts[4] == "cancel":
+                    with fake.lock:
+                        return self._json(*anthropic.cancel(fake, parts[3]))
+                with fake.lock:
+                    if fake.creates_429 > 0:
+                        fake.creates_429 -= 1
+                        return self._json(429, {"type": "error", "error": {"type": "rate_limit_error"}},
+                                          {"Retry-After": "0"})
+                    created = anthropic.create(fake, json.loads(data))
+                if fake.ends_at_create:
+                    fake.run(created["id"])
+                return self._json(200, created)
             if parts == ["v1", "files"]:
                 content = _multipart_file(self.headers["Content-Type"], data)
                 with fake.lock:
@@ -206,7 +244,10 @@ def batch_server(fake: FakeBatches) -> Iterator[str]:
                         "request_counts": {"total": 0, "completed": 0, "failed": 0}}
                     for line in fake.requests(batch_id):
                         fake.received[line["custom_id"]] += 1
-                return self._json(200, fake.batches[batch_id])
+                    created = dict(fake.batches[batch_id])
+                if fake.ends_at_create:  # answered as created (validating), seen ended at its first poll
+                    fake.run(batch_id)
+                return self._json(200, created)
             if parts[:2] == ["v1", "batches"] and len(parts) == 4 and parts[3] == "cancel":
                 with fake.lock:
                     batch = fake.batches[parts[2]]

@@ -61,12 +61,14 @@ class EndpointRefused(Exception):
         self.status_code, self.text = status_code, text
 
 
-def model_list(base: str, api_key_env: str | None, timeout: Any) -> list[dict[str, Any]]:
+def model_list(base: str, api_key_env: str | None, timeout: Any,
+               auth: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """`GET {base}/models`'s entries, the answer read up to MODEL_LIST_BYTES. Raises httpx's errors when
-    it cannot be asked, EndpointRefused on an error status, ValueError on what is not a model list."""
+    it cannot be asked, EndpointRefused on an error status, ValueError on what is not a model list. `auth`: the
+    provider's own key headers (Anthropic's), else the bearer token of `api_key_env`."""
     import httpx
 
-    headers = {**auth_headers(api_key_env), "Accept-Encoding": "identity"}
+    headers = {**(auth_headers(api_key_env) if auth is None else auth), "Accept-Encoding": "identity"}
     with httpx.stream("GET", base + "/models", headers=headers, timeout=timeout) as r:
         data, whole = read_capped_sync(r, MODEL_LIST_BYTES if r.status_code == 200 else ERROR_BODY_BYTES)
         if r.status_code != 200:

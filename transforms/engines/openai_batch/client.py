@@ -21,6 +21,7 @@ from transforms.text_safety import redact_url
 
 log = logging.getLogger(__name__)
 CHUNK = 64 * 1024  # one read of a download
+RUN_KEY, REQUEST_FILE = "pagemill_run", "pagemill_request_file"  # the metadata an OpenAI batch carries
 ERROR_TEXT = 300  # an error answer is quoted this far
 
 
@@ -44,12 +45,18 @@ def split_lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
 
 
 class BatchClient:
+    """OpenAI's Batch API, and the provider interface the driver calls (anthropic.py has the other one):
+    submit, get, results, cancel, find. A batch is described to the driver in OpenAI's terms (its statuses)."""
+
     def __init__(self, s: OpenAIBatchSettings, sleep: Callable[[float], None] = time.sleep) -> None:
         import httpx
 
         self.s, self.sleep = s, sleep
-        self.http = httpx.Client(base_url=s.base_url, headers=auth_headers(s.api_key_env),
+        self.http = httpx.Client(base_url=s.base_url, headers=self.headers(),
                                  timeout=httpx.Timeout(s.request_timeout_s, connect=min(10.0, s.request_timeout_s)))
+
+    def headers(self) -> dict[str, str]:
+        return auth_headers(self.s.api_key_env)
 
     def close(self) -> None:
         self.http.close()
@@ -116,13 +123,46 @@ class BatchClient:
 
     def lines(self, file_id: str) -> list[dict[str, Any]]:
         """A file's JSONL content, parsed, read in chunks; the whole download is tried again on a failure."""
-        return self._retried(f"GET /files/{file_id}/content", lambda: self._download(file_id))
+        return self.jsonl(f"/files/{file_id}/content")
 
-    def _download(self, file_id: str) -> tuple[int | None, Any, str | None]:
+    def jsonl(self, path: str) -> list[dict[str, Any]]:
+        return self._retried(f"GET {path}", lambda: self._download(path))
+
+    # The provider interface (see the class's text).
+    def submit(self, entry: dict[str, Any], data: Callable[[], bytes], metadata: Mapping[str, str],
+               save: Callable[[], None]) -> dict[str, Any]:
+        """Create the entry's batch: its request file uploaded once (the file id recorded before the create)."""
+        if not entry.get("file_id"):
+            entry["file_id"] = self.upload(f"pagemill-{entry['fingerprint']}.jsonl", data())
+            save()
+        return self.create(entry["file_id"], metadata)
+
+    def results(self, entry: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """An ended batch's output and error lines (OpenAI's line shape)."""
+        for key in ("output_file_id", "error_file_id"):
+            if entry.get(key):
+                yield from self.lines(entry[key])
+
+    def find(self, run_key: str, missing: Mapping[str, dict[str, Any]],
+             known: set[str]) -> tuple[list[tuple[dict[str, Any], dict[str, Any]]], set[str]]:
+        """The batches created for `missing` entries (by fingerprint) whose ids a killed launcher never wrote
+        down: (entry, batch) pairs found by the metadata each batch carries, and the fingerprints still
+        undecided (none here: the metadata is certain)."""
+        left, found = dict(missing), []
+        for batch in self.batches():
+            meta = batch.get("metadata") or {}
+            entry = left.pop(meta.get(REQUEST_FILE), None) if meta.get(RUN_KEY) == run_key else None
+            if entry is not None:
+                found.append((entry, batch))
+            if not left:
+                break
+        return found, set()
+
+    def _download(self, path: str) -> tuple[int | None, Any, str | None]:
         import httpx
 
         try:
-            with self.http.stream("GET", f"/files/{file_id}/content") as response:
+            with self.http.stream("GET", path) as response:
                 if response.status_code != 200:
                     response.read()
                     return response.status_code, response.text[:ERROR_TEXT], response.headers.get("retry-after")

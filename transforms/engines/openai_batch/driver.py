@@ -3,8 +3,9 @@
 Never twice while alive. A batch's request file is written and its entry recorded in the state (files.py) BEFORE
 it is uploaded; its provider id is recorded right after `create`. A launcher killed between the two leaves an
 entry without an id: the next step lists the provider's batches and adopts the one whose metadata names this run
-and this request file's fingerprint, and creates one only when none does. Spooled requests whose custom_id any
-entry already holds are dropped, so a spool file read twice (a kill before its deletion) submits nothing again.
+and this request file's fingerprint (anthropic.py: by its time and size, having no metadata), and creates one
+only when none does. Spooled requests whose custom_id any entry already holds are dropped, so a spool file read
+twice (a kill before its deletion) submits nothing again.
 
 Collecting a finished batch (completed, failed, expired or cancelled) reads its output and error files: each
 answered custom_id's chat completion is kept (an expired batch's finished half included); every other request of
@@ -24,12 +25,20 @@ from typing import Any
 
 from schemas.reasons import BATCH_CANCELLED, BATCH_EXPIRED, BATCH_FAILED
 from transforms.engines.openai_batch import files
-from transforms.engines.openai_batch.client import BatchApiError, BatchClient
+from transforms.engines.openai_batch.client import REQUEST_FILE, RUN_KEY, BatchApiError, BatchClient
 from transforms.engines.openai_batch.settings import OpenAIBatchSettings
 
 log = logging.getLogger(__name__)
-TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
-RUN_KEY, REQUEST_FILE = "pagemill_run", "pagemill_request_file"  # the metadata a batch carries
+TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})  # OpenAI's; anthropic.py maps to them
+
+
+def provider(s: OpenAIBatchSettings) -> BatchClient:
+    """The provider's API for the settings' kind (openai_batch: client.py, anthropic_batch: anthropic.py)."""
+    if s.kind == "anthropic_batch":
+        from transforms.engines.openai_batch.anthropic import AnthropicBatchClient
+
+        return AnthropicBatchClient(s)
+    return BatchClient(s)
 
 
 @dataclass(frozen=True)
@@ -73,10 +82,19 @@ def miss_reason(entry: dict[str, Any], line: dict[str, Any] | None, cancelled: b
     return BATCH_FAILED, f"batch {entry.get('batch_id')} {status}: {why or 'no answer for this request'}"[:400]
 
 
+def noted(entry: dict[str, Any], batch: dict[str, Any]) -> None:
+    """A batch as the provider described it (create, list or get) on its entry: its status with the files and
+    counts that go with it, so that an ended status is never recorded without its output and error files."""
+    errors = batch.get("errors")
+    entry.update(status=batch.get("status") or "validating", request_counts=batch.get("request_counts"),
+                 output_file_id=batch.get("output_file_id"), error_file_id=batch.get("error_file_id"),
+                 errors=errors.get("data") if isinstance(errors, dict) else None)
+
+
 class BatchDriver:
     def __init__(self, s: OpenAIBatchSettings, client: BatchClient | None = None) -> None:
         self.s = s
-        self.client = client or BatchClient(s)
+        self.client = client or provider(s)
 
     def close(self) -> None:
         self.client.close()
@@ -102,22 +120,19 @@ class BatchDriver:
         missing = {e["fingerprint"]: e for e in state["entries"] if not e.get("batch_id") and not e.get("collected")}
         if not missing or state["cancelled"]:
             return set()
+        known = {e["batch_id"] for e in state["entries"] if e.get("batch_id")}
         try:
-            for batch in self.client.batches():
-                meta = batch.get("metadata") or {}
-                entry = missing.pop(meta.get(REQUEST_FILE), None) if meta.get(RUN_KEY) == self.s.run_key else None
-                if entry is not None:
-                    log.info("batch %s of request file %s adopted (created before a kill)", batch["id"],
-                             entry["fingerprint"])
-                    entry.update(batch_id=batch["id"], status=batch.get("status"), file_id=batch.get("input_file_id"))
-                    self._save(state)
-                if not missing:
-                    return set()
+            found, held = self.client.find(self.s.run_key, missing, known)
         except BatchApiError as err:
             # Listing failed: creating now could submit a batch twice; the next step lists again.
             log.warning("listing batches: %s; the unrecorded batches wait for the next step", err)
             return set(missing)
-        return set()
+        for entry, batch in found:
+            log.info("batch %s of request file %s adopted (created before a kill)", batch["id"], entry["fingerprint"])
+            entry.update(batch_id=batch["id"], file_id=batch.get("input_file_id"))
+            noted(entry, batch)  # an adopted batch may have ended already: its files are needed
+            self._save(state)
+        return held
 
     def _collect_finished(self, state: dict[str, Any]) -> tuple[int, int, int]:
         collected = resubmitted = failed = 0
@@ -126,11 +141,7 @@ class BatchDriver:
                 continue
             try:
                 if entry.get("status") not in TERMINAL:
-                    batch = self.client.get(entry["batch_id"])
-                    entry.update(status=batch.get("status"), request_counts=batch.get("request_counts"),
-                                 output_file_id=batch.get("output_file_id"),
-                                 error_file_id=batch.get("error_file_id"), errors=(batch.get("errors") or {}).get(
-                                     "data") if isinstance(batch.get("errors"), dict) else None)
+                    noted(entry, self.client.get(entry["batch_id"]))
                     self._save(state)
                 if entry.get("status") in TERMINAL:
                     again, lost = self._collect(state, entry)
@@ -144,24 +155,21 @@ class BatchDriver:
         answers: dict[str, dict[str, Any]] = {}
         misses: dict[str, dict[str, Any]] = {}
         billed = {"prompt_tokens": 0, "completion_tokens": 0}
-        for key in ("output_file_id", "error_file_id"):
-            if not entry.get(key):
+        for line in self.client.results(entry):
+            cid = line.get("custom_id") if isinstance(line, dict) else None
+            if cid not in ids or cid in answers:
                 continue
-            for line in self.client.lines(entry[key]):
-                cid = line.get("custom_id") if isinstance(line, dict) else None
-                if cid not in ids or cid in answers:
-                    continue
-                response = line.get("response") or {}
-                body = response.get("body") if isinstance(response, dict) else None
-                if isinstance(response, dict) and response.get("status_code") == 200 and isinstance(body, dict) \
-                        and not line.get("error"):
-                    answers[cid] = body
-                    usage = body.get("usage") or {}
-                    for name in billed:
-                        value = usage.get(name) if isinstance(usage, dict) else None
-                        billed[name] += value if type(value) is int and value > 0 else 0
-                else:
-                    misses[cid] = line
+            response = line.get("response") or {}
+            body = response.get("body") if isinstance(response, dict) else None
+            if isinstance(response, dict) and response.get("status_code") == 200 and isinstance(body, dict) \
+                    and not line.get("error"):
+                answers[cid] = body
+                usage = body.get("usage") or {}
+                for name in billed:
+                    value = usage.get(name) if isinstance(usage, dict) else None
+                    billed[name] += value if type(value) is int and value > 0 else 0
+            else:
+                misses[cid] = line
         out = [{"custom_id": cid, "body": body} for cid, body in answers.items()]
         again = lost = 0
         for cid in entry["custom_ids"]:
@@ -225,17 +233,20 @@ class BatchDriver:
             if entry.get("batch_id") or entry.get("collected") or entry["fingerprint"] in held or state["cancelled"]:
                 continue
             fp = entry["fingerprint"]
+            def data(fp: str = fp) -> bytes:
+                return b"".join(line + b"\n" for line in files.read_lines(files.request_file(self.s.folder, fp)))
+
+            # When it was sent: a provider without batch metadata (anthropic.py) finds it by this after a kill.
+            entry.setdefault("submitting_at", dt.datetime.now(dt.UTC).isoformat())
+            self._save(state)
             try:
-                if not entry.get("file_id"):
-                    data = b"".join(line + b"\n" for line in files.read_lines(files.request_file(self.s.folder, fp)))
-                    entry["file_id"] = self.client.upload(f"pagemill-{fp}.jsonl", data)
-                    self._save(state)
-                batch = self.client.create(entry["file_id"], {RUN_KEY: self.s.run_key, REQUEST_FILE: fp})
+                batch = self.client.submit(entry, data, {RUN_KEY: self.s.run_key, REQUEST_FILE: fp},
+                                           lambda: self._save(state))
             except BatchApiError as err:
                 log.warning("submitting request file %s: %s; tried again at the next step", fp, err)
                 break
-            entry.update(batch_id=batch["id"], status=batch.get("status") or "validating",
-                         submitted_at=dt.datetime.now(dt.UTC).isoformat())
+            entry.update(batch_id=batch["id"], submitted_at=dt.datetime.now(dt.UTC).isoformat())
+            noted(entry, batch)
             self._save(state)
             batches, requests = batches + 1, requests + len(entry["custom_ids"])
         return batches, requests

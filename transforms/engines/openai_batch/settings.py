@@ -1,5 +1,5 @@
-"""OpenAIBatchSettings: a hosted batch API of the OpenAI shape (`--engine openai_batch`). Plain data: importing it
-loads no HTTP client."""
+"""OpenAIBatchSettings: a hosted batch API of the OpenAI shape (`--engine openai_batch`), and AnthropicBatchSettings
+(`--engine anthropic_batch`: anthropic.py). Plain data: importing it loads no HTTP client."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,6 +34,25 @@ class OpenAIBatchSettings:
     def base_url(self) -> str:
         return base_url(self.endpoint)
 
+    provider_max_requests: ClassVar[int] = MAX_REQUESTS
+
     @property
     def limit_requests(self) -> int:
-        return max(1, min(self.max_requests, MAX_REQUESTS))
+        return max(1, min(self.max_requests, self.provider_max_requests))
+
+
+# Anthropic's Message Batches: 100,000 requests or 256 MB a batch; the bytes are counted on the spooled OpenAI
+# lines, so a margin is left for the translation to Message params (anthropic.py).
+ANTHROPIC_MAX_REQUESTS = 100_000
+ANTHROPIC_MAX_BYTES = 240 * 1000 * 1000
+
+
+@dataclass(frozen=True)
+class AnthropicBatchSettings(OpenAIBatchSettings):
+    """Anthropic's Message Batches (`--engine anthropic_batch`): the same fields, the provider's limits."""
+
+    max_requests: int = ANTHROPIC_MAX_REQUESTS
+    max_bytes: int = ANTHROPIC_MAX_BYTES
+
+    kind: ClassVar[str] = "anthropic_batch"
+    provider_max_requests: ClassVar[int] = ANTHROPIC_MAX_REQUESTS

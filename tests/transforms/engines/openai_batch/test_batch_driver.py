@@ -206,6 +206,20 @@ def test_a_kill_between_create_and_record_adopts_the_batch_and_submits_nothing_t
     assert fake.received == {cid: 1 for cid in IDS[:3]}
 
 
+def test_a_batch_adopted_after_a_kill_that_has_ended_meanwhile_is_collected_not_sent_again(
+        api: str, fake: FakeBatches, tmp_path: Path) -> None:
+    s = settings(api, tmp_path)
+    spool(s, IDS[:3])
+    with pytest.raises(KeyboardInterrupt):
+        BatchDriver(s, KilledAfterCreate(s, sleep=lambda _: None)).step()
+    (batch,) = fake.batches
+    fake.run(batch)  # it ends before the launcher comes back
+    step = driver(s).step()
+    assert (step.batches, step.collected, step.resubmitted, step.working) == (0, 1, 0, 0)
+    assert sorted(c for c, r in results(s).items() if "body" in r) == IDS[:3]
+    assert fake.received == {cid: 1 for cid in IDS[:3]}
+
+
 def test_cancel_stops_the_run_keeps_what_finished_and_fails_the_rest(
         api: str, fake: FakeBatches, tmp_path: Path) -> None:
     s = settings(api, tmp_path, max_requests=4)
