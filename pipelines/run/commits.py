@@ -6,7 +6,9 @@ each table's partition of the run is committed as it lies on disk, one snapshot 
 then `documents`: a wave's `documents` snapshot says the whole wave is in). At the run's end, after its
 compaction, the same commit again: nothing when nothing changed, else one overwrite per changed table. A table
 whose rows contradict each other (pipelines/run/retries.py) is not committed: its rows stay on disk as the
-evidence, the run exits 1, and the catalog never holds a key twice.
+evidence, the run exits 1, and the catalog never holds a key twice. A compaction here keeps the files it
+replaced (earlier snapshots may name them; `pagemill expire` deletes them). Before the run works, `refusal` says
+whether the catalog can be used at all (a class it names, a table not pagemill's: exit 2).
 """
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ from schemas import layout, tables
 from transforms.store import iceberg
 
 log = logging.getLogger(__name__)
-# `documents` last: its snapshot of a wave is the sign that the wave's three tables are all committed.
-COMMIT_ORDER = ("pages", "ledger", "documents")
+# `documents` last: its snapshot of a wave is the sign that the wave's other tables are all committed.
+COMMIT_ORDER = ("evidence", "pages", "ledger", "documents")
 
 
 class Commits:
@@ -36,6 +38,17 @@ class Commits:
         if self._catalog is None:
             self._catalog = iceberg.open_catalog(self.config, self.output, self.storage)
         return self._catalog
+
+    def refusal(self) -> str | None:
+        """Why the catalog cannot take this run's commits, said before the run works (exit 2): a class its server
+        or a table's properties name (transforms/store/catalog.py), a table not partitioned as pagemill makes
+        it (iceberg.table_problems). Opens the catalog (the embedded one and the namespace are made)."""
+        try:
+            for table in COMMIT_ORDER:
+                iceberg.existing_table(self.catalog, self.config.namespace, table)
+        except iceberg.CatalogRefused as err:
+            return str(err)
+        return None
 
     def committed_waves(self) -> set[int]:
         """The waves whose `documents` snapshot is in the catalog (committed before a kill, say)."""
@@ -60,7 +73,9 @@ class Commits:
                             table, self.run_id, contradictions)
                 self.held.add(table)
             elif twice:
-                compact_files(self.output, table, self.tenant, self.run_id, own, f"{part_prefix(wave)}compacted-")
+                # The replaced files stay for whatever snapshot names them (a resumed wave's first attempt).
+                compact_files(self.output, table, self.tenant, self.run_id, own, f"{part_prefix(wave)}compacted-",
+                              keep_replaced=True)
         self._commit("wave", wave)
         self.seconds[wave] = round(time.perf_counter() - started, 3)
 

@@ -52,8 +52,10 @@ def contradictions(output: str, tenant: str, run_id: str, storage: Any, tables: 
     return lines
 
 
-def settle(output: str, tenant: str, run_id: str, storage: Any) -> tuple[dict[str, Any], int]:
-    """The run's counts after its superseded rows are compacted away, and how many raw rows were."""
+def settle(output: str, tenant: str, run_id: str, storage: Any,
+           keep_replaced: bool = False) -> tuple[dict[str, Any], int]:
+    """The run's counts after its superseded rows are compacted away, and how many raw rows were
+    (`keep_replaced`: a run with a catalog keeps the replaced files, compaction.compact_files)."""
     from pipelines.tables.manifest import run_counts
     from transforms.store import compaction  # looked up at call time: a test breaks compaction there
 
@@ -65,7 +67,8 @@ def settle(output: str, tenant: str, run_id: str, storage: Any) -> tuple[dict[st
     before = raw_rows(counts)
     # A contradiction's rows stay as they are: the evidence for the error, until someone looks.
     compaction.compact_run(output, tenant, run_id, only=[t for t in twice if not any(c.startswith(f"{t}:")
-                                                                                   for c in contradicted)])
+                                                                                   for c in contradicted)],
+                            keep_replaced=keep_replaced)
     counts = run_counts(output, run_id, storage, tenant)
     after = raw_rows(counts)
     counts["errors"] = counts["errors"] + contradicted

@@ -24,6 +24,8 @@ from pipelines.config.storage import StorageConfig, arrow_filesystem
 from pipelines.tables import typed_views
 from schemas import kept_row, layout, tables
 from transforms.store import manifest_file
+from transforms.store.catalog import ALLOW_HTTP_FLAG
+from transforms.store.catalog import CatalogRefused as CatalogRefused
 from transforms.store.files import manifest_files, table_files
 from transforms.text_safety import terminal_safe
 
@@ -69,6 +71,9 @@ def add_catalog_args(parser: Any) -> None:
     group.add_argument("--catalog-namespace", default=None, help="the tables' namespace (default pagemill)")
     group.add_argument("--catalog-property", action="append", default=None, metavar="KEY=VALUE",
                        help="a catalog property (a REST catalog's token, ...); repeatable")
+    group.add_argument(ALLOW_HTTP_FLAG, action="store_true", dest="catalog_allow_http",
+                       help="send a token or credential to a non-loopback catalog over plain http:// (refused "
+                            "without it: anyone on the network reads it)")
     group.add_argument("--snapshot", type=int, default=None,
                        help="with --catalog: read every table as of this snapshot's commit (any table's snapshot id)")
 
@@ -83,22 +88,23 @@ class TableSource:
 
     @staticmethod
     def of(output: str, uri: str | None, namespace: str | None = None, properties: Sequence[str] | None = None,
-           snapshot: int | None = None) -> TableSource:
-        """From the command line's `--catalog`, `--catalog-namespace`, `--catalog-property`, `--snapshot`."""
+           snapshot: int | None = None, allow_http: bool = False) -> TableSource:
+        """From the command line's `--catalog`, `--catalog-namespace`, `--catalog-property`, `--snapshot`,
+        `--catalog-allow-http`. A catalog that cannot be used raises CatalogRefused (a usage error: exit 2)."""
         from transforms.store.iceberg import catalog_config, catalog_problems
 
         if snapshot is not None and not uri:
             raise ValueError("--snapshot reads a catalog's snapshot: give --catalog too")
-        problems = catalog_problems(uri, output, properties or (), namespace)
+        problems = catalog_problems(uri, output, properties or (), namespace, allow_http)
         if problems:
-            raise ValueError(problems[0])
+            raise CatalogRefused(problems[0])
         return TableSource(catalog_config(uri, namespace, properties), snapshot)
 
     @staticmethod
     def from_args(args: Any) -> TableSource:
         """From `add_catalog_args`' parsed arguments. Raises ValueError (a usage error)."""
         return TableSource.of(args.output, args.catalog, args.catalog_namespace, args.catalog_property,
-                              args.snapshot)
+                              args.snapshot, getattr(args, "catalog_allow_http", False))
 
     def committed(self, output: str, storage: StorageConfig | None, tenant: str | None) -> dict[str, pa.Table]:
         """Each table's committed rows (`tenant`'s only, when given)."""

@@ -75,6 +75,9 @@ def test_s3_in_and_out(s3: dict[str, str], mode: list[str]) -> None:
     assert rows["in/report.pdf"]["page_count"] == 2
     manifest = json.loads(client(s3).get_object(Bucket=bucket, Key="out/runs/tenant=default/s1.json")["Body"].read())
     assert manifest["documents"] == len(rows)
+    # The run's log, written locally as the run went, copied beside the manifest (pipelines/run/run_log.py).
+    log = client(s3).get_object(Bucket=bucket, Key="out/runs/tenant=default/s1.log")["Body"].read()
+    assert log.startswith(b"=== pagemill run s1 ")
 
 
 def test_listing_over_a_thousand_keys(s3: dict[str, str]) -> None:
@@ -92,9 +95,10 @@ def test_output_over_8_mib_is_written_in_parts(s3: dict[str, str]) -> None:
     make_bucket(s3, "big", {})
     configure(storage(s3))
     filler = os.urandom(9 * 2**20).hex()  # incompressible: the Parquet file stays over 8 MiB
-    rows = [{"run_id": "b1", "source_uri": f"s3://x/{i}", "bytes": 1, "outcome": "rejected",
+    rows = [{"run_id": "b1", "tenant": "default", "source_uri": f"s3://x/{i}", "bytes": 1, "outcome": "rejected",
              "message": filler[i * 200_000:(i + 1) * 200_000]} for i in range(90)]
-    path = write_rows("s3://big/out/documents/run_id=b1", tables.DOCUMENTS, rows)
+    # (in its tenant's and run's folders: a file elsewhere, or with other values, is read by no one: part_check.py)
+    path = write_rows("s3://big/out/documents/tenant=default/run_id=b1", tables.DOCUMENTS, rows)
     head = client(s3).head_object(Bucket="big", Key=path.removeprefix("s3://big/"))
     assert head["ContentLength"] > 8 * 2**20
     assert "-" in head["ETag"]  # a multipart upload's ETag is "<md5>-<parts>"

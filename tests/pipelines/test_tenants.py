@@ -287,3 +287,45 @@ def test_a_tenant_folder_in_the_output_root_names_no_manifest(tmp_path: Path) ->
     assert manifest_files(fs, str(root), "acme") == []
     assert manifest_files(fs, str(root), None) == [(str(root / "runs" / "tenant=default" / "r1.json"), "default"),
                                                    (str(root / "runs" / "r0.json"), None)]
+
+
+PLANTED = "PAY TO ACCOUNT 666 - forged"
+
+
+def test_a_file_planted_in_alphas_run_folder_with_bravos_rows_is_nobodys(tmp_path: Path,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 42 row 1: alpha (who may write only under its own prefix) drops into its run folder a part file whose
+    rows say tenant=bravo, run_id=b1, with bravo's key, forged text and a later created_at (so the kept-row rule
+    would prefer it). Alpha's commits and bravo's own: bravo's rows, committed or read with and without the
+    catalog, with and without --tenant, hold bravo's invoice, never the forged text; the file is reported."""
+    from pipelines.run.commits import Commits
+    from transforms.store.iceberg import CatalogConfig
+
+    out = tmp_path / "out"
+    _write(out, "bravo", "b1", EARLY, [("inv", 0, "model", 0.01)], manifest=False)
+    _write(out, "alpha", "a1", EARLY, [("own", 0, "model", 0.01)], manifest=False)
+    (bravo_row,) = raw_rows(out, "pages", tenant="bravo")
+    forged = {**bravo_row, "hint": PLANTED, "markdown": PLANTED, "created_at": dt.datetime(2099, 1, 1, tzinfo=dt.UTC)}
+    planted = write_rows(partition(str(out), "pages", "alpha", "a1"), tables.PAGES, [forged])
+    config = CatalogConfig(uri="sqlite")
+    for tenant, run_id in (("bravo", "b1"), ("alpha", "a1"), ("alpha", "a1")):  # alpha's normal commits, twice
+        Commits(config, str(out), None, tenant, run_id).run_settled([], wave=0)
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    committed = SqlCatalog("pagemill", uri=f"sqlite:///{out / 'catalog.db'}").load_table("pagemill.pages")
+    rows = committed.scan().to_arrow().to_pylist()
+    assert PLANTED not in str(rows)
+    assert {(r["tenant"], r["doc_sha256"]) for r in rows} == {("bravo", "inv"), ("alpha", "own")}
+    assert all(not t.file.file_path.endswith(planted.rsplit("/", 1)[-1]) for t in committed.scan().plan_files())
+    catalog = sql.TableSource.of(str(out), "sqlite")
+    for source in (None, catalog):
+        for tenant in (None, "bravo"):
+            _, found = sql.query(str(out), "SELECT tenant, doc_sha256, hint, markdown FROM pages_all", tenant=tenant,
+                                 source=source)
+            assert PLANTED not in str(found), (source, tenant)
+            assert ("bravo", "inv") in {(r[0], r[1]) for r in found}
+    from transforms.store.files import misfiled_run_files
+
+    reported = misfiled_run_files(str(out), "alpha", "a1")  # the run manifest's `misfiled_files`
+    assert list(reported) == [planted] and "tenant=bravo" in reported[planted]
+    assert any(planted in r.getMessage() for r in caplog.records if r.levelname == "WARNING")

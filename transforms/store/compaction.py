@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from schemas import kept_row, layout, tables
-from transforms.store.files import partition_files, run_files
+from transforms.store.files import REPLACES_SUFFIX, partition_files, run_files, sidecar_text
 from transforms.store.write import write_rows
 
 
@@ -25,30 +25,44 @@ def clear_run(output: str, tenant: str, run_id: str) -> int:
     return removed
 
 
-def compact_run(output: str, tenant: str, run_id: str, only: list[str] | None = None) -> dict[str, int]:
+def compact_run(output: str, tenant: str, run_id: str, only: list[str] | None = None,
+                keep_replaced: bool = False) -> dict[str, int]:
     """Rewrite a run's partitions (`only` these tables) with one row per key, kept by schemas/kept_row.py's
     rule (the ledger's with every attempt's spend), and delete the old files, so no (run, document, page)
     ever has two rows. The new file is written before the old ones go. Files written before a column was
-    added read it as null (the schema fills it)."""
+    added read it as null (the schema fills it). `keep_replaced` (a run with a catalog): the old files stay for
+    the snapshots that name them (`compact_files`)."""
     kept: dict[str, int] = {}
     for table in tables.TABLES if only is None else only:
         files = run_files(output, table, tenant, run_id)
         if len(files) >= 2:
-            kept[table] = compact_files(output, table, tenant, run_id, files, "part-compacted-")
+            kept[table] = compact_files(output, table, tenant, run_id, files, "part-compacted-", keep_replaced)
     return kept
 
 
-def compact_files(output: str, table: str, tenant: str, run_id: str, files: list[str], prefix: str) -> int:
+def compact_files(output: str, table: str, tenant: str, run_id: str, files: list[str], prefix: str,
+                  keep_replaced: bool = False) -> int:
     """`files` of one run partition as one file `<prefix><uuid>.parquet` of one row per key (kept by the rule);
-    the new file is written before the old ones go. Returns the rows kept."""
+    the new file is written before the old ones go. Returns the rows kept. With `keep_replaced` (a catalog's
+    earlier snapshots may name the old files: a reader pinned to one, or one that planned its scan a moment ago,
+    reads them) the old files stay and `<prefix><uuid>.replaces.json` beside the new one names them: every
+    listing leaves them out from then on, and `pagemill expire` deletes them once no snapshot names them."""
     schema = tables.SCHEMAS[table]
     by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for row in read_rows(files, table):
         by_key.setdefault(tuple(row[k] for k in layout.TABLE_KEYS[table]), []).append(row)
     rows = [kept_row.keep(table, same) for same in by_key.values()]
-    write_rows(layout.partition(output, table, tenant, run_id), schema, rows,
-               name=f"{prefix}{uuid.uuid4().hex}{layout.PART_SUFFIX}")
-    FileSystems.delete(files)
+    folder, stem = layout.partition(output, table, tenant, run_id), f"{prefix}{uuid.uuid4().hex}"
+    write_rows(folder, schema, rows, name=f"{stem}{layout.PART_SUFFIX}")
+    if not keep_replaced:
+        FileSystems.delete(files)
+        return len(rows)
+    final = layout.join_uri(folder, stem + REPLACES_SUFFIX)  # after the new file: see files.replaced_by
+    local = "://" not in final or final.startswith("file://")
+    with FileSystems.create(final + ".inprogress" if local else final) as handle:  # whole, or not there
+        handle.write(sidecar_text(files).encode())
+    if local:
+        FileSystems.rename([final + ".inprogress"], [final])
     return len(rows)
 
 

@@ -10,155 +10,58 @@ idempotent: a resume after a kill between writing files and committing them comm
 committed adds nothing. Snapshot properties (`pagemill.tenant`, `pagemill.run_id`, `pagemill.wave`,
 `pagemill.action`) say which run and wave a snapshot holds. Commits that lose a race with another writer
 (another tenant's run on the same catalog) are retried on the reloaded table.
+
+A file is registered under the partition its folder names, stated (never inferred from its statistics), and only
+when its rows are that partition's (transforms/store/part_check.py); a reader reads only committed files whose
+folder, partition and rows agree. A table not partitioned as pagemill makes it is refused (`table_problems`).
+The catalog itself is opened by transforms/store/catalog.py (which classes a catalog may make pagemill run).
 """
 from __future__ import annotations
 
 import logging
-import os
-import random
-import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from schemas import layout, tables
+from transforms.store import part_check
+from transforms.store.catalog import CATALOG_NAME as CATALOG_NAME
+from transforms.store.catalog import COMMIT_ATTEMPTS, CatalogRefused, data_path, open_catalog, sql_busy
+from transforms.store.catalog import DEFAULT_NAMESPACE as DEFAULT_NAMESPACE
+from transforms.store.catalog import EMBEDDED as EMBEDDED
+from transforms.store.catalog import EMBEDDED_FILE as EMBEDDED_FILE
+from transforms.store.catalog import WAREHOUSE as WAREHOUSE
+from transforms.store.catalog import CatalogConfig as CatalogConfig
+from transforms.store.catalog import backoff_s as backoff_s
+from transforms.store.catalog import catalog_config as catalog_config
+from transforms.store.catalog import catalog_kind as catalog_kind
+from transforms.store.catalog import catalog_problems as catalog_problems
+from transforms.store.catalog import made_once as made_once
 
 log = logging.getLogger(__name__)
 
-DEFAULT_NAMESPACE = "pagemill"
-# A SQL catalog keys its tables by the catalog's name too: a reader opens it under this name.
-CATALOG_NAME = "pagemill"
-# `--catalog sqlite`: an embedded SQL catalog in a file under a local output root (nothing to start).
-EMBEDDED = "sqlite"
-EMBEDDED_FILE = "catalog.db"
-WAREHOUSE = "iceberg"  # where the catalog writes its metadata files, under the output root
 PROPERTY = "pagemill."
-COMMIT_ATTEMPTS = 20
-NAMESPACE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
-
-
-@dataclass(frozen=True)
-class CatalogConfig:
-    """Which catalog, which namespace, and the catalog's extra properties (a REST catalog's token, ...)."""
-
-    uri: str
-    namespace: str = DEFAULT_NAMESPACE
-    properties: tuple[tuple[str, str], ...] = ()
-
-
-def catalog_config(uri: str | None, namespace: str | None = None,
-                   properties: Sequence[str] | None = None) -> CatalogConfig | None:
-    """Pure: the options' catalog (None without `--catalog`); `properties` are `KEY=VALUE` strings."""
-    if not uri:
-        return None
-    pairs = tuple(tuple(p.split("=", 1)) for p in properties or () if "=" in p[1:])
-    return CatalogConfig(uri=uri, namespace=namespace or DEFAULT_NAMESPACE, properties=pairs)  # type: ignore[arg-type]
-
-
-def catalog_problems(uri: str | None, output: str, properties: Sequence[str] = (),
-                     namespace: str | None = None) -> list[str]:
-    """Pure: why `--catalog URI` (with `--catalog-property KEY=VALUE`s, `--catalog-namespace`) cannot be used
-    with `output`."""
-    if not uri:
-        return []
-    problems = [f"--catalog-property {p!r}: expected KEY=VALUE" for p in properties if "=" not in p[1:]]
-    if namespace is not None and not NAMESPACE.fullmatch(namespace):
-        problems.append(f"--catalog-namespace {namespace!r}: letters, digits and '_', starting with a letter")
-    if uri == EMBEDDED:
-        if "://" in output and not output.startswith("file://"):
-            problems.append(f"--catalog {EMBEDDED}: the embedded catalog is a file under a local output root, and "
-                            f"--output {output} is object storage; give a catalog URI (postgresql://..., "
-                            "https://... for a REST catalog)")
-        return problems
-    scheme = uri.split("://", 1)[0] if "://" in uri else ""
-    if not scheme:
-        problems.append(f"--catalog {uri!r}: expected '{EMBEDDED}', a SQLAlchemy URI (sqlite:///FILE, "
-                        "postgresql+psycopg2://...) or a REST catalog's http(s):// URI")
-    return problems
-
-
-def catalog_kind(uri: str) -> str:
-    """Pure: pyiceberg's catalog type for a URI: `rest` for http(s), else `sql` (any SQLAlchemy URI)."""
-    return "rest" if uri.startswith(("http://", "https://")) else "sql"
-
-
-def _local(output: str) -> bool:
-    return "://" not in output or output.startswith("file://")
-
-
-def data_path(path: str) -> str:
-    """Pure: a part file's path as the catalog records it: absolute for a local file, the URI otherwise."""
-    return os.path.abspath(path.removeprefix("file://")) if _local(path) else path
-
-
-def catalog_properties(config: CatalogConfig, output: str, storage: Any = None) -> dict[str, str]:
-    """Pure: pyiceberg's properties for the catalog: its type and URI, the warehouse under the output root
-    (metadata files only: data files stay where pagemill wrote them), and S3 settings for object storage."""
-    uri = config.uri
-    if uri == EMBEDDED:
-        uri = f"sqlite:///{data_path(layout.join_uri(output, EMBEDDED_FILE))}"
-    root = data_path(output)
-    warehouse = f"file://{layout.join_uri(root, WAREHOUSE)}" if _local(output) else layout.join_uri(root, WAREHOUSE)
-    props = {"type": catalog_kind(uri), "uri": uri, "warehouse": warehouse}
-    if storage is not None:
-        for key, value in (("s3.endpoint", storage.s3_endpoint_url), ("s3.region", storage.s3_region),
-                           ("s3.access-key-id", storage.s3_access_key_id),
-                           ("s3.secret-access-key", storage.s3_secret_access_key),
-                           ("s3.session-token", storage.s3_session_token)):
-            if value:
-                props[key] = value
-    props.update(dict(config.properties))  # the user's word wins (a REST catalog's own warehouse, say)
-    return props
-
-
-def open_catalog(config: CatalogConfig, output: str, storage: Any = None, create: bool = True) -> Any:
-    """The catalog; with `create` (a run), the embedded catalog's file and the namespace are made when missing.
-    A reader (`create=False`) makes nothing: a missing embedded catalog is a ValueError that says so."""
-    from pyiceberg.catalog import load_catalog
-
-    if config.uri == EMBEDDED and _local(output):
-        if create:
-            os.makedirs(data_path(output), exist_ok=True)
-        elif not os.path.exists(data_path(layout.join_uri(output, EMBEDDED_FILE))):
-            raise ValueError(f"--catalog {EMBEDDED}: no catalog under {output} (a run with --catalog makes it)")
-    props = catalog_properties(config, output, storage)
-    # A SQL catalog makes its own tables when it opens a new database: two runs opening it at once race there too.
-    catalog = made_once(lambda: load_catalog(CATALOG_NAME, **props), "the catalog's tables")
-    if create:
-        # Two runs opening a new catalog at once both may make the namespace.
-        made_once(lambda: catalog.create_namespace_if_not_exists(config.namespace), f"namespace {config.namespace}")
-    return catalog
-
-
-def backoff_s(attempt: int) -> float:
-    """How long a writer that lost a race waits before its next attempt: doubling from 50 ms to 2 s, jittered."""
-    return min(2.0, 0.05 * 2 ** attempt) * (0.5 + random.random())
-
-
-def made_once(make: Any, what: str) -> Any:
-    """`make()` (an if-not-exists creation), tolerant of a lost race: two writers that both see a thing missing
-    both insert it, and the SQL catalog fails the second (IntegrityError, or SQLite's `database is locked`)
-    where an if-not-exists call should have found it made. Trying again finds it."""
-    for attempt in range(COMMIT_ATTEMPTS):
-        try:
-            return make()
-        except _sql_lost_race() as err:
-            log.info("iceberg: making %s retried (%s)", what, type(err).__name__)
-            time.sleep(backoff_s(attempt))
-    raise RuntimeError(f"iceberg: {what} could not be made after {COMMIT_ATTEMPTS} attempts")
+PARTITION = ("tenant", "run_id")
 
 
 def existing_table(catalog: Any, namespace: str, table: str) -> Any:
-    """The table, or None when no run has committed it yet (a reader creates nothing)."""
+    """The table, or None when no run has committed it yet (a reader creates nothing). A table that is not as
+    pagemill makes it raises CatalogRefused (`table_problems`)."""
     from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
     try:
-        return catalog.load_table(f"{namespace}.{table}")
+        found = catalog.load_table(f"{namespace}.{table}")
     except (NoSuchTableError, NoSuchNamespaceError):
         return None
+    problems = table_problems(found, table)
+    if problems:
+        raise CatalogRefused(f"iceberg: {namespace}.{table} is not a table pagemill made: {'; '.join(problems)} "
+                             "(pagemill commits only to tables partitioned by identity(tenant), identity(run_id); "
+                             "give another --catalog-namespace, or drop the table)")
+    return found
 
 
 def iceberg_schema(arrow: pa.Schema) -> Any:
@@ -175,21 +78,52 @@ def partition_spec_of(schema: Any) -> Any:
     from pyiceberg.transforms import IdentityTransform
 
     fields = [PartitionField(source_id=schema.find_field(name).field_id, field_id=1000 + i,
-                             transform=IdentityTransform(), name=name) for i, name in enumerate(("tenant", "run_id"))]
+                             transform=IdentityTransform(), name=name) for i, name in enumerate(PARTITION)]
     return PartitionSpec(*fields)
 
 
+def table_problems(tbl: Any, table: str) -> list[str]:
+    """Why a catalog table is not pagemill's: a partition spec (any of its specs: files committed under an older
+    one keep it) other than identity(tenant), identity(run_id), or key columns missing or of another type. On
+    such a table a run's files cannot be told from another run's by partition."""
+    from pyiceberg.transforms import IdentityTransform
+
+    schema, expected = tbl.schema(), iceberg_schema(tables.SCHEMAS[table])
+    problems = []
+    for key in dict.fromkeys([*PARTITION, *layout.TABLE_KEYS[table]]):
+        found = {f.name: f for f in schema.fields}.get(key)
+        want = expected.find_field(key).field_type
+        if found is None:
+            problems.append(f"it has no {key} column")
+        elif found.field_type != want:
+            problems.append(f"its {key} column is {found.field_type}, not {want}")
+    if problems:
+        return problems
+    ids = {schema.find_field(name).field_id: name for name in PARTITION}
+    for spec in tbl.specs().values():
+        shape = [(ids.get(f.source_id), isinstance(f.transform, IdentityTransform)) for f in spec.fields]
+        if shape != [(name, True) for name in PARTITION]:
+            said = ", ".join(f"{f.transform}({schema.find_column_name(f.source_id)})" for f in spec.fields)
+            problems.append(f"it is partitioned by [{said or 'nothing'}]")
+            break
+    return problems
+
+
 def table_for(catalog: Any, namespace: str, table: str) -> Any:
-    """The Iceberg table of one pagemill table: created (partitioned by tenant and run id) when missing, and
-    evolved to the current columns when an older pagemill made it (columns are added, never dropped)."""
+    """The Iceberg table of one pagemill table: loaded, or created (partitioned by tenant and run id) when missing,
+    and evolved to the current columns when an older pagemill made it (columns are added, never dropped).
+    Loaded before any creation is tried: a creation writes a metadata file first, even when the table is there."""
     from pyiceberg.exceptions import CommitFailedException
 
     arrow = tables.SCHEMAS[table]
     ident = f"{namespace}.{table}"
-    schema = iceberg_schema(arrow)
-    found = made_once(lambda: catalog.create_table_if_not_exists(ident, schema=schema,
-                                                                 partition_spec=partition_spec_of(schema)),
-                      f"table {ident}")
+    found = existing_table(catalog, namespace, table)
+    if found is None:
+        schema = iceberg_schema(arrow)
+        made_once(lambda: catalog.create_table_if_not_exists(ident, schema=schema,
+                                                             partition_spec=partition_spec_of(schema)),
+                  f"table {ident}")
+        found = existing_table(catalog, namespace, table)  # checked, whoever made it
     missing = [n for n in arrow.names if n not in {f.name for f in found.schema().fields}]
     for _ in range(COMMIT_ATTEMPTS):
         if not missing:
@@ -211,12 +145,19 @@ def _partition_filter(tenant: str, run_id: str) -> Any:
     return And(EqualTo("tenant", tenant), EqualTo("run_id", run_id))
 
 
+def partition_of(data_file: Any) -> tuple[Any, ...]:
+    """The (tenant, run id) a committed file was registered under (pagemill's spec: `table_problems`)."""
+    return tuple(data_file.partition[i] for i in range(len(PARTITION)))
+
+
 def committed_files(tbl: Any, tenant: str, run_id: str) -> dict[str, Any]:
-    """The data files that the table's current snapshot holds for one (tenant, run id): path -> DataFile."""
+    """The data files that the table's current snapshot holds in the partition (tenant, run id): path ->
+    DataFile. Selected by the partition each file was registered under, exactly: the filter only prunes (a
+    file's string statistics are cut to 16 characters, so `customer-000001-alpha` does not exclude `...-bravo`)."""
     if tbl.current_snapshot() is None:
         return {}
-    return {task.file.file_path: task.file for task in tbl.scan(row_filter=_partition_filter(tenant, run_id))
-            .plan_files()}
+    tasks = tbl.scan(row_filter=_partition_filter(tenant, run_id)).plan_files()
+    return {t.file.file_path: t.file for t in tasks if partition_of(t.file) == (tenant, run_id)}
 
 
 def file_diff(on_disk: Sequence[str], committed: Mapping[str, Any]) -> tuple[list[str], list[str]]:
@@ -232,14 +173,44 @@ def snapshot_properties(tenant: str, run_id: str, action: str, wave: int | None)
     return props
 
 
+def data_file(tbl_io: Any, metadata: Any, path: str, tenant: str, run_id: str) -> Any:
+    """The DataFile that registers a part file under (tenant, run id), stated, never inferred from the file's
+    statistics; from one read of its footer. A file whose rows are not (tenant, run id)'s, or not in that
+    partition's folder, raises CatalogRefused (transforms/store/part_check.py)."""
+    from pyiceberg.io import pyarrow as pyio
+    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+    from pyiceberg.typedef import Record
+
+    if part_check.folder_partition(path) != (tenant, run_id):
+        raise CatalogRefused(f"{path}: not in the folder of tenant {tenant}, run {run_id}")
+    source = tbl_io.new_input(path)
+    with source.open() as stream:
+        parquet = pq.ParquetFile(stream)
+        problem = part_check.rows_problem(parquet, tenant, run_id)
+        footer = parquet.metadata
+    if problem:
+        part_check.warn(path, problem)
+        raise CatalogRefused(f"{path}: {problem}")
+    schema = metadata.schema()
+    pyio._check_pyarrow_schema_compatible(schema, footer.schema.to_arrow_schema(),
+                                          format_version=metadata.format_version)
+    stats = pyio.data_file_statistics_from_parquet_metadata(
+        parquet_metadata=footer, stats_columns=pyio.compute_statistics_plan(schema, metadata.properties),
+        parquet_column_mapping=pyio.parquet_path_to_id_mapping(schema))
+    return DataFile.from_args(content=DataFileContent.DATA, file_path=path, file_format=FileFormat.PARQUET,
+                              partition=Record(tenant, run_id), file_size_in_bytes=len(source), sort_order_id=None,
+                              spec_id=metadata.default_spec_id, equality_ids=None, key_metadata=None,
+                              **stats.to_serialized_dict())
+
+
 def sync(catalog: Any, namespace: str, table: str, tenant: str, run_id: str, on_disk: Sequence[str],
          action: str, wave: int | None = None) -> int | None:
     """Make the table's committed files of (tenant, run id) equal `on_disk`, in one snapshot: an append when
     files only arrive, an overwrite when some go (a compaction's replacement). Returns the new snapshot's id,
     or None when the catalog already held exactly these files (nothing to commit: idempotent). A commit that
-    lost a race with another writer is retried on the reloaded table."""
+    lost a race with another writer is retried on the reloaded table. A file of `on_disk` whose rows are not
+    the partition's raises CatalogRefused and nothing is committed (transforms/store/files.py lists none)."""
     from pyiceberg.exceptions import CommitFailedException
-    from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
     tbl = table_for(catalog, namespace, table)
     props = snapshot_properties(tenant, run_id, action, wave)
@@ -258,36 +229,14 @@ def sync(catalog: Any, namespace: str, table: str, tenant: str, run_id: str, on_
                     for path in removed:
                         snap.delete_data_file(committed[path])
                     for path in added:
-                        snap.append_data_file(parquet_file_to_data_file(tbl.io, tx.table_metadata, path))
+                        snap.append_data_file(data_file(tbl.io, tx.table_metadata, path, tenant, run_id))
             return catalog.load_table(f"{namespace}.{table}").current_snapshot().snapshot_id
-        except (CommitFailedException, _sql_busy()) as err:
+        except (CommitFailedException, sql_busy()) as err:
             time.sleep(backoff_s(attempt))
             log.info("iceberg: %s commit retried (%s)", table, type(err).__name__)
             tbl = catalog.load_table(f"{namespace}.{table}")
     raise RuntimeError(f"iceberg: {namespace}.{table} could not be committed after {COMMIT_ATTEMPTS} attempts "
                        "(other writers kept committing first)")
-
-
-def _sql_busy() -> type[BaseException]:
-    """SQLite's `database is locked` under two writers: a lost race like any other."""
-    try:
-        from sqlalchemy.exc import OperationalError
-    except ImportError:  # pragma: no cover - a REST-only install
-        return CommitRetry
-    return OperationalError
-
-
-def _sql_lost_race() -> tuple[type[BaseException], ...]:
-    """What a SQL catalog raises to the second of two writers inserting the same row."""
-    try:
-        from sqlalchemy.exc import IntegrityError
-    except ImportError:  # pragma: no cover - a REST-only install
-        return (CommitRetry,)
-    return (IntegrityError, _sql_busy())
-
-
-class CommitRetry(Exception):
-    """Placeholder for a catalog kind without a busy error of its own."""
 
 
 def sync_run(config: CatalogConfig, output: str, storage: Any, tenant: str, run_id: str,
@@ -330,8 +279,11 @@ def snapshot_at(tbl: Any, timestamp_ms: int) -> int | None:
 def read_table(catalog: Any, namespace: str, table: str, tenant: str | None = None,
                as_of_ms: int | None = None) -> pa.Table:
     """The committed rows of one table (`tenant`'s only, when given), as of `as_of_ms` (`pinned_time`) or
-    now, in pagemill's own Arrow schema (a column an older snapshot lacks reads as null)."""
+    now, in pagemill's own Arrow schema (a column an older snapshot lacks reads as null). A committed file whose
+    folder is not the partition it was registered under, or whose rows are not (rewritten since its commit, say),
+    is left out with a warning (transforms/store/part_check.py)."""
     from pyiceberg.expressions import AlwaysTrue, EqualTo
+    from pyiceberg.io.pyarrow import ArrowScan
 
     schema = tables.SCHEMAS[table]
     tbl = existing_table(catalog, namespace, table)
@@ -341,8 +293,20 @@ def read_table(catalog: Any, namespace: str, table: str, tenant: str | None = No
         (tbl.current_snapshot().snapshot_id if tbl.current_snapshot() else None)
     if snapshot_id is None:
         return pa.Table.from_batches([], schema=schema)
-    found = tbl.scan(row_filter=EqualTo("tenant", tenant) if tenant else AlwaysTrue(),
-                     snapshot_id=snapshot_id).to_arrow()
+    scan = tbl.scan(row_filter=EqualTo("tenant", tenant) if tenant else AlwaysTrue(), snapshot_id=snapshot_id)
+    tasks = [t for t in scan.plan_files() if _committed_file_problem(tbl.io, t.file) is None]
+    found = ArrowScan(tbl.metadata, tbl.io, scan.projection(), scan.row_filter).to_table(tasks)
     columns = [found.column(n).cast(f.type) if n in found.column_names else pa.nulls(found.num_rows, f.type)
                for n, f in zip(schema.names, schema, strict=True)]
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _committed_file_problem(io: Any, committed: Any) -> str | None:
+    """Why a committed file's rows are not shown (warned), or None."""
+    path, registered = committed.file_path, partition_of(committed)
+    folder = part_check.folder_partition(path)
+    problem = f"it lies in the folder of {folder} and was committed as partition {registered}" \
+        if folder != registered else part_check.file_problem(path, lambda: io.new_input(path).open())
+    if problem is not None:
+        part_check.warn(path, problem)
+    return problem

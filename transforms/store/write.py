@@ -1,4 +1,4 @@
-"""Write: the `documents`, `pages` and `ledger` tables as Parquet, each run's rows in its own (tenant,
+"""Write: the `documents`, `pages`, `ledger` and `evidence` tables as Parquet, each run's rows in its own (tenant,
 run id) partition (the layout: schemas/layout.py; a run's partitions are listed, cleared and compacted by
 transforms/store/compaction.py).
 
@@ -97,14 +97,15 @@ class WriteParquetBundles(beam.DoFn):
 
     def __init__(self, folder: str, table: str, policy: FlushPolicy | None = None,
                  clock: Callable[[], float] = time.monotonic, prefix: str = PART_PREFIX,
-                 to_row: Callable[[Any], dict[str, Any]] | None = None,
-                 written_first: WriteParquetBundles | None = None) -> None:
+                 to_row: Callable[[Any], Any] | None = None,
+                 written_first: WriteParquetBundles | None = None, many: bool = False) -> None:
         self.folder = folder  # partition(output, table, tenant, run_id)
         self.table = table
         self.policy = policy or FlushPolicy()
         self.clock = clock
         self.prefix = prefix
         self.to_row = to_row  # element -> this table's row (None: the element is the row)
+        self.many = many  # to_row gives a list of rows (a page's `evidence` rows), maybe none
         # Another table's writer fed the same elements and flushed just before this one, so that no row of this
         # table is on disk without its row there (a page's `pages` row without its `ledger` row: a resume keeps
         # the page and would never write its spend).
@@ -125,19 +126,21 @@ class WriteParquetBundles(beam.DoFn):
         self.oldest = 0.0
 
     def process(self, element: Any) -> Iterator[None]:
-        if self.written_first is not None:
-            self.written_first.buffer(element)
         if self.buffer(element):
             self.flush()
         return iter(())
 
     def buffer(self, element: Any) -> bool:
-        """Buffer the element's row; True when the flush policy is due."""
+        """Buffer the element's row (and the rows of the writers to flush first); True when the flush policy is
+        due (for this table's rows: the writers flushed first follow this one's flushes)."""
+        if self.written_first is not None:
+            self.written_first.buffer(element)
         now = self.clock()
         if not self.rows:
             self.oldest = now
-        row = element if self.to_row is None else self.to_row(element)
-        self.rows.append({**row, ATTEMPT_SEQ: ATTEMPTS()})
+        made = element if self.to_row is None else self.to_row(element)
+        for row in made if self.many else (made,):
+            self.rows.append({**row, ATTEMPT_SEQ: ATTEMPTS()})
         return self.policy.due(len(self.rows), now - self.oldest)
 
     def finish_bundle(self) -> None:
@@ -196,21 +199,29 @@ class WriteTable(beam.PTransform):
 
     def __init__(self, output: str, table: str, tenant: str, run_id: str, policy: FlushPolicy | None = None,
                  to_row: Callable[[Any], dict[str, Any]] | None = None, *, prefix: str = PART_PREFIX,
-                 written_first: tuple[str, Callable[[Any], dict[str, Any]]] | None = None) -> None:
+                 written_first: tuple[str, Callable[[Any], dict[str, Any]]] | None = None,
+                 rows_first: tuple[str, Callable[[Any], list[dict[str, Any]]]] | None = None) -> None:
         super().__init__()
         self.output, self.tenant, self.run_id, self.table, self.policy = output, tenant, run_id, table, policy
         self.to_row, self.prefix, self.written_first = to_row, prefix, written_first
+        # A table of several rows per element (`evidence`), flushed before `written_first`'s (before this one's).
+        self.rows_first = rows_first
 
-    def _writer(self, table: str, to_row: Callable[[Any], dict[str, Any]] | None,
-                first: WriteParquetBundles | None = None) -> WriteParquetBundles:
+    def _writer(self, table: str, to_row: Callable[[Any], Any] | None,
+                first: WriteParquetBundles | None = None, many: bool = False) -> WriteParquetBundles:
         return WriteParquetBundles(partition(self.output, table, self.tenant, self.run_id), table, self.policy,
-                                   prefix=self.prefix, to_row=to_row, written_first=first)
+                                   prefix=self.prefix, to_row=to_row, written_first=first, many=many)
+
+    def _first(self) -> WriteParquetBundles | None:
+        many = None if self.rows_first is None else self._writer(*self.rows_first, many=True)
+        if self.written_first is None:
+            return many
+        return self._writer(*self.written_first, first=many)
 
     def expand(self, rows: beam.PCollection) -> tuple[beam.PCollection, ...]:
         written = []
         for i, branch in enumerate(flatten_branches(rows)):
-            first = None if self.written_first is None else self._writer(*self.written_first)
-            written.append(branch | f"Write{i}" >> beam.ParDo(self._writer(self.table, self.to_row, first)))
+            written.append(branch | f"Write{i}" >> beam.ParDo(self._writer(self.table, self.to_row, self._first())))
         return tuple(written)
 
 
@@ -243,13 +254,15 @@ class WriteTables(beam.PTransform):
         out, prefix = self.output, self.prefix
         # A page's ledger row is flushed before its pages row, by one writer: a kill between the two files leaves
         # spend without a page (the resume answers the page again and the ledger sums both attempts), never a
-        # page whose spend no row records.
+        # page whose spend no row records. Its evidence rows go first of all, so a kept page has its evidence.
         pages = self.pages | "WritePagesAndLedger" >> WriteTable(
             out, "pages", tenant, run_id, policy, partial(tables.page_row, run=run), prefix=prefix,
-            written_first=("ledger", partial(tables.ledger_row, run=run)))
+            written_first=("ledger", partial(tables.ledger_row, run=run)),
+            rows_first=("evidence", partial(tables.evidence_rows, run=run)))
         return {
             "documents": documents | "WriteDocuments" >> WriteTable(
                 out, "documents", tenant, run_id, policy, partial(tables.document_row, run=run), prefix=prefix),
             "pages": pages,
             "ledger": pages,
+            "evidence": pages,
         }

@@ -196,3 +196,94 @@ def test_a_run_that_loses_the_race_to_make_the_catalogs_tables_goes_on(tmp_path:
     assert creates and catalog.namespace_exists("pagemill")
     first = _write(tmp_path, "ledger", _ledger_rows("alpha", "r1", 2))
     assert iceberg.sync_run(_config(), str(tmp_path), None, "alpha", "r1", {"ledger": [first]}, "wave", 0)["ledger"]
+
+
+def test_a_table_not_partitioned_as_pagemill_makes_it_is_refused_with_the_reason(tmp_path: Path) -> None:
+    """Issue 42 row 4: on a table partitioned by nothing, "this run's files" chosen by a row filter over string
+    statistics cut to 16 characters took bravo's file for alpha's (`customer-000001-alpha` vs `...-bravo`)."""
+    alpha, bravo = "customer-000001-alpha", "customer-000001-bravo"
+    catalog = iceberg.open_catalog(_config(), str(tmp_path))
+    catalog.create_table("pagemill.ledger", schema=iceberg.iceberg_schema(tables.LEDGER))  # no partition spec
+    theirs = _write(tmp_path, "ledger", _ledger_rows(bravo, "r1", 3), tenant=bravo)
+    with pytest.raises(iceberg.CatalogRefused, match=r"partitioned by \[nothing\]"):
+        iceberg.sync_run(_config(), str(tmp_path), None, bravo, "r1", {"ledger": [theirs]}, "wave", 0)
+    mine = _write(tmp_path, "ledger", _ledger_rows(alpha, "r1", 2), tenant=alpha)
+    with pytest.raises(iceberg.CatalogRefused, match="not a table pagemill made"):
+        iceberg.sync_run(_config(), str(tmp_path), None, alpha, "r1", {"ledger": [mine]}, "wave", 0)
+    assert _reader(tmp_path).load_table("pagemill.ledger").current_snapshot() is None  # nothing committed
+    with pytest.raises(iceberg.CatalogRefused, match="not a table pagemill made"):
+        iceberg.read_table(catalog, "pagemill", "ledger")
+
+
+def test_a_table_whose_key_column_has_another_type_is_refused(tmp_path: Path) -> None:
+    catalog = iceberg.open_catalog(_config(), str(tmp_path))
+    other = pa.schema([pa.field("page_index", pa.string()) if f.name == "page_index" else f for f in tables.LEDGER])
+    schema = iceberg.iceberg_schema(other)
+    catalog.create_table("pagemill.ledger", schema=schema, partition_spec=iceberg.partition_spec_of(schema))
+    mine = _write(tmp_path, "ledger", _ledger_rows("alpha", "r1", 1))
+    with pytest.raises(iceberg.CatalogRefused, match="page_index column is string"):
+        iceberg.sync_run(_config(), str(tmp_path), None, "alpha", "r1", {"ledger": [mine]}, "wave", 0)
+
+
+def test_long_tenant_names_that_share_16_characters_keep_their_own_files(tmp_path: Path) -> None:
+    """The run's committed files are chosen by the partition each was registered under, exactly."""
+    alpha, bravo = "customer-000001-alpha", "customer-000001-bravo"
+    theirs = _write(tmp_path, "ledger", _ledger_rows(bravo, "r1", 3), tenant=bravo)
+    mine = _write(tmp_path, "ledger", _ledger_rows(alpha, "r1", 2), tenant=alpha)
+    iceberg.sync_run(_config(), str(tmp_path), None, bravo, "r1", {"ledger": [theirs]}, "wave", 0)
+    iceberg.sync_run(_config(), str(tmp_path), None, alpha, "r1", {"ledger": [mine]}, "wave", 0)
+    iceberg.sync_run(_config(), str(tmp_path), None, alpha, "r1", {"ledger": []}, "clear")
+    left = _reader(tmp_path).load_table("pagemill.ledger")
+    assert [t.file.file_path for t in left.scan().plan_files()] == [theirs]
+    assert [t.file.partition[0] for t in left.scan().plan_files()] == [bravo]
+
+
+def test_commits_write_no_version_0_metadata_file_after_the_first(tmp_path: Path) -> None:
+    """Issue 42 row 8: the table is loaded before a creation is tried (a creation writes `00000-*` first)."""
+    files = []
+    for wave in range(3):
+        files.append(_write(tmp_path, "ledger", _ledger_rows("alpha", "r1", 1, start=wave)))
+        iceberg.sync_run(_config(), str(tmp_path), None, "alpha", "r1", {"ledger": list(files)}, "wave", wave)
+        catalog = iceberg.open_catalog(_config(), str(tmp_path))
+        iceberg.committed_waves(catalog, "pagemill", "ledger", "alpha", "r1")  # a resume's look
+    metadata = tmp_path / iceberg.WAREHOUSE / "pagemill" / "ledger" / "metadata"  # docs/lakehouse.md's path
+    assert len(list(metadata.glob("00000-*.metadata.json"))) == 1
+    assert len(list(metadata.glob("*.metadata.json"))) == 1 + 3  # created, then one a commit
+
+
+def test_a_snapshot_from_before_a_compaction_still_reads_and_expire_then_removes_the_old_files(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 42 row 7: with a catalog, a compaction commits its replacement and keeps the replaced files for the
+    snapshots that name them; `pagemill sql` without the catalog still shows one row per key;
+    `pagemill expire` then deletes them with the old snapshots."""
+    from pipelines import cli
+    from pipelines.tables import sql
+    from transforms.store.compaction import compact_run
+
+    out = str(tmp_path)
+    old = [_write(tmp_path, "ledger", _ledger_rows("alpha", "r1", 2, tokens=t)) for t in (1, 2)]  # keys twice
+    first = iceberg.sync_run(_config(), out, None, "alpha", "r1", {"ledger": old}, "wave", 0)["ledger"]
+    assert compact_run(out, "alpha", "r1", keep_replaced=True) == {"ledger": 2}
+    from transforms.store.files import run_files
+
+    (new,) = run_files(out, "ledger", "alpha", "r1")
+    assert iceberg.sync_run(_config(), out, None, "alpha", "r1", {"ledger": [new]}, "compaction")["ledger"]
+    assert all(Path(p).exists() for p in old)
+    pinned = sql.TableSource.of(out, "sqlite", snapshot=first)
+    _, before = sql.query(out, "SELECT count(*) FROM ledger_all", source=pinned)
+    assert before == [(4,)]  # both replaced files, read as that snapshot committed them
+    for source in (None, sql.TableSource.of(out, "sqlite")):
+        _, now = sql.query(out, "SELECT count(*), count(DISTINCT doc_sha256) FROM ledger_all", source=source)
+        assert now == [(2, 2)]  # one row per key, with and without the catalog
+    expired_list = Path(_reader(tmp_path).load_table("pagemill.ledger").snapshot_by_id(first).manifest_list
+                        .removeprefix("file://"))
+    assert expired_list.exists()
+    assert cli.main(["expire", "--output", out, "--catalog", "sqlite", "--older-than-days", "0"]) == 0
+    assert not expired_list.exists()  # the expired snapshot's manifest list: named by nothing left
+    assert "ledger: expired 1 snapshot(s); replaced part files deleted: 2" in capsys.readouterr().out
+    assert not any(Path(p).exists() for p in old)
+    assert not list(Path(new).parent.glob("*.replaces.json"))
+    _, after = sql.query(out, "SELECT count(*) FROM ledger_all", source=sql.TableSource.of(out, "sqlite"))
+    assert after == [(2,)]
+    with pytest.raises(ValueError, match="no table"):
+        sql.query(out, "SELECT 1", source=pinned)
