@@ -52,7 +52,7 @@ def test_a_replayed_bundle_leaves_one_row_per_key(tmp_path: Path, monkeypatch: p
     assert len(documents) == len(pages) == 6
     m = manifest(tmp_path / "out", "r")
     assert m["retried_rows"] == replayed[0]
-    assert m["duplicate_keys"] == {"documents": 0, "pages": 0, "ledger": 0} and m["errors"] == []
+    assert m["duplicate_keys"] == {"documents": 0, "pages": 0, "ledger": 0, "evidence": 0} and m["errors"] == []
     assert m["exit_code"] == 0 and not m["resumed"]
 
 

@@ -45,6 +45,7 @@ from transforms.engines.base import (
 from transforms.engines.vllm_shared.repetition import MAX_PERIOD, SPAN, retry_cap
 from transforms.extract.config import ExtractConfig
 from transforms.extract.deadline import Deadlines
+from transforms.model import quotes
 from transforms.model.markdown import TRUNCATED_FLAG, MarkdownFormat
 from transforms.model.postfilter import SchemaValidator
 from transforms.model.prompt import decoding
@@ -86,6 +87,9 @@ class Request:
     cap: int = 0  # max_tokens of the next attempt: the run's, or smaller after a loop (repetition.retry_cap)
     looped: bool = False  # an attempt was stopped by the repetition guard (retried once)
     pending: Future[Completion] | None = None  # the engine's future of the attempt in flight
+    # Tokens of every answered attempt (image, text, output, cached prompt): the ledger keeps what was spent,
+    # so an invalid answer's retry is billed for both answers, as a hosted API bills them.
+    spent: tuple[int, int, int, int] = (0, 0, 0, 0)
 
 
 def stop_reason(finish_reason: str | None) -> str | None:
@@ -95,9 +99,10 @@ def stop_reason(finish_reason: str | None) -> str | None:
 
 
 def judge(output: Answer, validator: SchemaValidator, attempt: int,
-          markdown: MarkdownFormat | None = None) -> ExtractionResult:
+          markdown: MarkdownFormat | None = None, with_quotes: bool = False) -> ExtractionResult:
     """One finished request as a result: ok, or invalid with the validator's (or the markdown parser's)
-    reason. Pure. Markdown: `extraction` is the front matter as JSON, `markdown` the page text."""
+    reason. Pure. Markdown: `extraction` is the front matter as JSON, `markdown` the page text. `with_quotes`:
+    the answer is the quotes sidecar's (the validator's schema), whose quotes are taken out of the extraction."""
     ended = stop_reason(output.finish_reason)
     counts = {"image_tokens": output.image_tokens, "text_tokens": output.text_tokens,
               "output_tokens": output.output_tokens, "stop_reason": ended,
@@ -115,10 +120,19 @@ def judge(output: Answer, validator: SchemaValidator, attempt: int,
         return ExtractionResult(status=INVALID, reason_code=REPETITION, validation_errors=(loop,),
                                 message=f"attempt {attempt}: {loop}", **counts)
     checked = validator.parse_and_validate(output.text, output.finish_reason)
+    text, said = quotes.split(output.text) if checked.ok and with_quotes else (output.text, ())
     return ExtractionResult(
-        status=OK if checked.ok else INVALID, reason_code=checked.reason_code,
-        extraction=output.text if checked.ok else None, validation_errors=tuple(checked.errors),
+        status=OK if checked.ok else INVALID, reason_code=checked.reason_code, quotes=said,
+        extraction=text if checked.ok else None, validation_errors=tuple(checked.errors),
         message=None if checked.ok else f"attempt {attempt}: {'; '.join(checked.errors)[:400]}", **counts)
+
+
+SPENT_FIELDS = ("image_tokens", "text_tokens", "output_tokens", "cached_prompt_tokens")
+
+
+def attempt_tokens(result: ExtractionResult) -> tuple[int, int, int, int]:
+    """Pure: the tokens one answered attempt spent, in SPENT_FIELDS' order."""
+    return (result.image_tokens, result.text_tokens, result.output_tokens, result.cached_prompt_tokens)
 
 
 def failed(reason: str, message: str, text_tokens: int = 0) -> ExtractionResult:
@@ -131,7 +145,7 @@ class PageFeed:
     def __init__(self, engine: PageEngine, cfg: ExtractConfig, max_in_flight: int) -> None:
         self.engine = engine
         self.cfg = cfg
-        self.validator = SchemaValidator(cfg.schema)
+        self.validator = SchemaValidator(cfg.answer_schema)
         self.max_in_flight = max(1, max_in_flight)
         self.slots = threading.BoundedSemaphore(self.max_in_flight)
         self._keys: OrderedDict[str, Future[ExtractionResult]] = OrderedDict()
@@ -193,7 +207,7 @@ class PageFeed:
 
     def _sampling(self, attempt: int, cap: int) -> Sampling:
         if (attempt, cap) not in self._params:
-            self._params[attempt, cap] = sampling(self.cfg.schema, cap, attempt, self.cfg.markdown)
+            self._params[attempt, cap] = sampling(self.cfg.answer_schema, cap, attempt, self.cfg.markdown)
         return self._params[attempt, cap]
 
     def _submit(self, req: Request, result: Future[ExtractionResult]) -> None:
@@ -255,7 +269,9 @@ class PageFeed:
             completion = done.result()
             req.attempts += 1
             req.gpu_seconds += completion.gpu_seconds
-            judged = judge(completion.output, self.validator, req.attempts, self.cfg.markdown)
+            judged = judge(completion.output, self.validator, req.attempts, self.cfg.markdown,
+                           self.cfg.answer_schema is not self.cfg.schema)
+            req.spent = tuple(a + b for a, b in zip(req.spent, attempt_tokens(judged), strict=True))
             looped = judged.stop_reason == REPETITION
             if judged.status == OK and not looped:
                 return self._finish(req, result, judged)
@@ -282,5 +298,7 @@ class PageFeed:
                 return
             req.prepared = None  # the decoded image goes now, not when the row is written
             self.slots.release()
+            if any(req.spent):
+                final = replace(final, **dict(zip(SPENT_FIELDS, req.spent, strict=True)))
             result.set_result(replace(final, attempts=req.attempts, gpu_seconds=req.gpu_seconds, sent_width=req.width,
                                       sent_height=req.height, finished_at=dt.datetime.now(dt.UTC)))

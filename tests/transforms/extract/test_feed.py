@@ -191,3 +191,25 @@ def test_markdown_attempts_are_constrained_by_the_front_matter_only() -> None:
 def test_an_engine_finish_reason_is_a_stop_reason_only_when_it_ends_an_answer() -> None:
     assert [stop_reason(f) for f in ("stop", "length", "repetition", "abort", None, "STOP")] == \
         ["stop", "length", "repetition", None, None, None]
+
+
+class InvalidThenValid(SimulatedEngine):
+    """Answers the first attempt of each page with schema-invalid JSON, the next with the page's text."""
+
+    INVALID = '{"language": "english", "lines": [], "tables": []}'
+
+    def submit(self, prepared, sampling):
+        self.text = self.INVALID if self.submitted == 0 else PAGE_TEXT
+        return super().submit(prepared, sampling)
+
+
+def test_a_retried_page_is_billed_for_every_answered_attempt() -> None:
+    engine = InvalidThenValid(seconds=0.0)
+    (r,) = extract_all(engine, tasks(1, config()), config())
+    assert (r.status, r.attempts) == ("ok", 2)
+    # What one attempt costs, counted here from the simulated engine's own rule (4 characters a token) and the
+    # page's size: the ledger must hold both answers, as a hosted API bills them.
+    one = extract_all(SimulatedEngine(seconds=0.0), tasks(1, config()), config())[0]
+    assert r.output_tokens == max(1, len(InvalidThenValid.INVALID) // 4) + max(1, len(PAGE_TEXT) // 4)
+    assert (r.image_tokens, r.text_tokens) == (2 * one.image_tokens, 2 * one.text_tokens)
+    assert one.image_tokens > 0 and one.text_tokens > 0
