@@ -16,13 +16,20 @@ prefix cache holds for every page after the first; this part runs on a CPU too),
 (the engine's own `num_cached_tokens`), with pages/s per GPU and $ per 1M pages at --gpu-hourly-usd. Without a
 GPU it prints the token figures and why the GPU part was skipped, and exits 0.
 
-    .venv/bin/python benchmarks/bench_gpu_dummy.py [--pages 512] [--output-tokens 256] [--json]
+Every GPU of the box (`--devices all`, or a count or a list of ids, as `pagemill run --devices`): one engine per
+GPU, each in a process of its own pinned by CUDA_VISIBLE_DEVICES (transforms/engines/devices/plan.py, as the
+engine service pins its engines), all at once, each over its share of the pages (every N-th); prints pages/s per
+GPU and in all (every page over the seconds from the first engine's first page to the last one's last).
+
+    .venv/bin/python benchmarks/bench_gpu_dummy.py [--pages 512] [--output-tokens 256] [--devices all] [--json]
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -130,8 +137,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--gpu-hourly-usd", type=float, default=2.5)
     p.add_argument("--layouts", default="image_first,shared_first", help="prompt layouts to run, in order")
     p.add_argument("--block-size", type=int, default=16, help="KV block size (vLLM's GPU default) for the CPU figure")
+    p.add_argument("--devices", default="1", help="GPUs at once, one engine process each: all, a count or ids")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)  # "i/n": one GPU's engine over every n-th page
     args = p.parse_args(argv)
+    if args.child:
+        i, n = (int(x) for x in args.child.split("/"))
+        print(json.dumps(run_layout(args, pages(args.pages, args.max_side)[i::n], args.layouts)))
+        return None
     from transformers import AutoTokenizer
 
     from pipelines.tiny_models import make_test_model
@@ -151,11 +164,47 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         if args.json:
             print(json.dumps({"bench": "gpu_dummy", "computed": computed, "skipped": why}))
         return None
-    figures = {"bench": "gpu_dummy", "computed": computed,
-               "measured": {layout: run_layout(args, todo, layout) for layout in layouts}}
+    from transforms.engines.devices.plan import machine_plan
+
+    plan = machine_plan(args.devices)
+    if len(plan) > 1:
+        figures = {"bench": "gpu_dummy", "computed": computed,
+                   "measured": {layout: run_devices(argv, args, layout, plan) for layout in layouts}}
+    else:
+        figures = {"bench": "gpu_dummy", "computed": computed,
+                   "measured": {layout: run_layout(args, todo, layout) for layout in layouts}}
     if args.json:
         print(json.dumps(figures))
     return figures
+
+
+def run_devices(argv: Sequence[str] | None, args: argparse.Namespace, layout: str, plan: Sequence[Any]
+                ) -> dict[str, Any]:
+    """One layout on every GPU of `plan` at once: a child process per GPU (this script with --child i/n), pinned by
+    its CUDA_VISIBLE_DEVICES, over every n-th page; pages/s per GPU and in all."""
+    given = list(sys.argv[1:] if argv is None else argv)
+    children = []
+    for i, device in enumerate(plan):
+        cmd = [sys.executable, __file__, *given, "--child", f"{i}/{len(plan)}", "--layouts", layout]
+        env = {**os.environ, **dict(device.env),
+               "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        children.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env))
+    per_gpu = []
+    for device, child in zip(plan, children, strict=True):
+        out, _ = child.communicate()
+        lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+        if child.returncode or not lines:
+            raise SystemExit(f"bench_gpu_dummy: the engine on GPU {device.label} failed (exit {child.returncode})")
+        per_gpu.append({"device": device.label, **json.loads(lines[-1])})
+    pages_all = sum(f["pages"] for f in per_gpu)
+    window = max(f["ended_at"] for f in per_gpu) - min(f["started_at"] for f in per_gpu)
+    rate = pages_all / window
+    for f in per_gpu:
+        print(f"  GPU {f['device']}: {f['pages_per_s_per_gpu']:.2f} pages/s ({f['pages']} pages)")
+    print(f"pagemill GPU benchmark ({layout}, {len(plan)} GPUs, one engine each): {rate:.2f} pages/s in all, "
+          f"{rate / len(plan):.2f} pages/s per GPU ({pages_all} pages in {window:.1f} s)")
+    return {"layout": layout, "gpus": len(plan), "pages": pages_all, "window_s": round(window, 2),
+            "pages_per_s": round(rate, 3), "pages_per_s_per_gpu": round(rate / len(plan), 3), "per_gpu": per_gpu}
 
 
 def run_layout(args: argparse.Namespace, todo: Sequence[Any], layout: str) -> dict[str, Any]:
@@ -209,6 +258,7 @@ def run_layout(args: argparse.Namespace, todo: Sequence[Any], layout: str) -> di
             request = Prepared({"prompt": prompt, "multi_modal_data": {"image": img}}, 0, img.width, img.height)
             done.append(engine.submit(request, params))
             in_flight.add(done[-1])
+        started_at = time.time() - (time.perf_counter() - t0)
         wait(in_flight)
         wall = time.perf_counter() - t0
         engine.shutdown()
@@ -222,7 +272,7 @@ def run_layout(args: argparse.Namespace, todo: Sequence[Any], layout: str) -> di
                "max_num_seqs": args.max_num_seqs, "engine_start_s": round(start_s, 1), "wall_s": round(wall, 2),
                "pages_per_s_per_gpu": round(rate, 3),
                "usd_per_1m_pages": round(1e6 / rate / 3600 * args.gpu_hourly_usd, 2),
-               "gpu_hourly_usd": args.gpu_hourly_usd}
+               "gpu_hourly_usd": args.gpu_hourly_usd, "started_at": started_at, "ended_at": started_at + wall}
     print(f"pagemill GPU benchmark (7B-shaped Qwen2.5-VL, random weights, {layout}): {rate:.2f} pages/s/GPU, "
           f"${figures['usd_per_1m_pages']:,.2f} per 1M pages at ${args.gpu_hourly_usd}/h ({len(todo)} pages, "
           f"{prompt_tokens:,.0f} prompt tokens a page of which {cached:,.0f} from the prefix cache: "

@@ -55,6 +55,8 @@ EXCLUDE: Mapping[str, Mapping[str, str]] = {
         "kv_cache_gib": "the KV cache's size: capacity, not the answer",
         "enforce_eager": "eager mode or CUDA graphs: how the same model runs",
         "in_process": "where the engine runs (this process or vLLM's engine process)",
+        "devices": "how many engines of the same model answer: throughput, not the answer",
+        "run_key": "names the run's engine service folder, not the answer",
     },
     "ExtractionSchema": {
         "schema": "schema_hash stands for it (sha256 of its canonical JSON)",

@@ -40,6 +40,7 @@ from typing import Any
 
 from transforms.child_process import python_argv
 from transforms.engines.base import Answer, Completion, EngineDead, PageRequest, Prepared, RequestRejected, Sampling
+from transforms.engines.vllm_local.settings import VllmLocalSettings
 from transforms.engines.vllm_local.vllm_args import engine_sequences, is_cpu_platform
 from transforms.engines.vllm_machine import wire
 from transforms.engines.vllm_machine.folder import (
@@ -82,6 +83,10 @@ class VllmMachineEngine:
         self._templated: Templated | None = None
 
     def tokenizer(self) -> Any:
+        if self._templated is None and self.settings.simulated is not None:
+            from transforms.engines.simulated import SimTokenizer
+
+            self._templated = Templated(SimTokenizer())
         if self._templated is None:
             from vllm.tokenizers import get_tokenizer
 
@@ -98,6 +103,8 @@ class VllmMachineEngine:
             raise EngineDead(f"the engine service: {type(err).__name__}: {err}") from err
 
     def sequences(self) -> int:
+        if self.settings.simulated is not None:
+            return self.settings.simulated.slots
         return engine_sequences(self.settings.vllm, is_cpu_platform())
 
     def prepare(self, request: PageRequest) -> Prepared:
@@ -156,12 +163,25 @@ class VllmMachineEngine:
             wire.send(conn, {"kind": "abort", "rid": rid})
 
     def restart(self, seen: int | None = None) -> None:
-        conn = self._connected()
-        with self._restarted:
-            answered = self._restart_replies
-            with self._send_lock:
-                wire.send(conn, {"kind": "restart", "seen": seen if seen is not None else self.starts})
-            self._restarted.wait_for(lambda: self._restart_replies != answered or self._conn is None, timeout=3600)
+        """Ask the service to re-create its engine. A service found gone on the way (its process died: the send
+        fails before this worker's reader noticed) is dropped and started again, once."""
+        for last in (False, True):
+            conn = self._connected()
+            with self._restarted:
+                answered = self._restart_replies
+                try:
+                    with self._send_lock:
+                        wire.send(conn, {"kind": "restart", "seen": seen if seen is not None else self.starts})
+                except OSError:
+                    if last:
+                        raise
+                    with self._lock:
+                        if self._conn is conn:
+                            self._conn = None  # the next _connected starts a new service
+                    continue
+                self._restarted.wait_for(lambda n=answered: self._restart_replies != n or self._conn is None,
+                                         timeout=3600)
+                return
 
     def shutdown(self) -> None:
         self.close()
@@ -205,21 +225,23 @@ class VllmMachineEngine:
                 return conn
         code = proc.poll()
         why = f"exited with code {code}" if code is not None else f"did not listen in {CONNECT_TIMEOUT_S:g} s"
-        raise RuntimeError(f"engine service {why} ({self.directory}): {last_line(self.directory / 'service.log')}")
+        log = self.log_path()
+        said = last_line(log) if log.parent == self.directory else tail_line(log)
+        raise RuntimeError(f"engine service {why} ({self.directory}; its log {log}): {said}")
 
     def _authkey(self) -> bytes:
         """The folder's authkey, created (O_EXCL, 0600) with the service's settings by the first worker."""
         if write_new(self.directory / "authkey", secrets.token_bytes(AUTHKEY_BYTES)):
             fd = open_private(self.directory / "settings.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             with os.fdopen(fd, "w") as handle:
-                json.dump(asdict(self.settings.vllm), handle)  # the service's VllmLocalSettings
+                json.dump(service_settings(self.settings), handle)
         return read_authkey(self.directory)
 
     def _try_connect(self, authkey: bytes) -> Connection | None:
         try:
             return Client(str(self.directory / SOCKET), family="AF_UNIX", authkey=authkey)
-        except (FileNotFoundError, ConnectionRefusedError):
-            return None
+        except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError, BrokenPipeError, EOFError):
+            return None  # none listens, or one that is exiting (it died: its listener closed in the handshake)
 
     def service_argv(self) -> list[str]:
         """The service's command line (tests start a stub engine's service here)."""
@@ -229,10 +251,23 @@ class VllmMachineEngine:
         sock = self.directory / SOCKET
         if sock.is_symlink() or sock.exists():
             sock.unlink()  # left by a service that died
-        fd = open_private(self.directory / "service.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        fd = self._log_fd()
         with os.fdopen(fd, "ab") as out:
+            env = {**service_env(os.environ, sys.path), **dict(self.settings.device_env)}  # pinned to its device
             return subprocess.Popen(self.service_argv(), stdout=out, stderr=out, stdin=subprocess.DEVNULL,
-                                    env=service_env(os.environ, sys.path), start_new_session=True, close_fds=True)
+                                    env=env, start_new_session=True, close_fds=True)
+
+    def log_path(self) -> Path:
+        """Where the service's stdout and stderr go: the run's log file (pipelines/run/run_log.py) when the launcher
+        named one that this machine has, else service.log in its private folder (a worker on another host)."""
+        named = Path(self.settings.log_file) if self.settings.log_file else None
+        return named if named is not None and named.parent.is_dir() else self.directory / "service.log"
+
+    def _log_fd(self) -> int:
+        path = self.log_path()
+        if path.parent == self.directory:
+            return open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
     def _read(self, conn: Connection) -> None:
         while True:
@@ -276,6 +311,65 @@ class VllmMachineEngine:
             self._restarted.notify_all()
 
 
+def tail_line(path: Path) -> str:
+    """The last line of the run's log (the service's last words when it exited at its start)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, os.fstat(handle.fileno()).st_size - 4096))
+            lines = handle.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return f"no {path.name}"
+    return lines[-1][-500:] if lines else f"an empty {path.name}"
+
+
+def service_settings(settings: VllmMachineSettings) -> dict[str, Any]:
+    """The service's settings.json: its VllmLocalSettings' fields, and its device label and simulated engine
+    when set (service.py open_service reads them back). Pure."""
+    found: dict[str, Any] = asdict(settings.vllm)
+    if settings.device:
+        found["device"] = settings.device
+    if settings.simulated is not None:
+        found["simulated"] = asdict(settings.simulated)
+    return found
+
+
+def machine_engine(settings: VllmMachineSettings) -> Any:
+    """A worker's engine for `settings` (transforms.engines.make): one service for the machine, or with --devices
+    planning several engines on this machine, a DevicePool over one service per device (`device-<i>` folders of
+    service_dir, each pinned by its environment). The plan is made here, on the machine the engines run on."""
+    if settings.device:
+        return VllmMachineEngine(settings)
+    from transforms.engines.devices.plan import machine_plan
+    from transforms.engines.devices.pool import DevicePool
+
+    plan = machine_plan(settings.devices, settings.vllm.tensor_parallel_size, settings.simulated is not None)
+    if len(plan) == 1:
+        return VllmMachineEngine(replace(settings, device=plan[0].label, device_env=plan[0].env))
+    clients = [VllmMachineEngine(replace(settings, service_dir=str(Path(settings.service_dir) / f"device-{i}"),
+                                         device=d.label, device_env=d.env)) for i, d in enumerate(plan)]
+    return DevicePool(clients, [d.label for d in plan])
+
+
+def devices_engine(settings: VllmLocalSettings) -> Any:
+    """`--engine vllm_local` on a machine with several devices (a runner's VM of 8 GPUs, whose every SDK process
+    sees all of them): the machine's engine service, one engine per device, in a folder named after the run and
+    the settings, so every worker process of the VM finds the same engines (its file lock elects the one that
+    starts each). None when this machine plans one engine: it stays in the worker's process."""
+    from transforms.engines.devices.plan import machine_plan
+    from transforms.engines.vllm_machine.folder import service_dir
+
+    if len(machine_plan(settings.devices, settings.tensor_parallel_size)) == 1:
+        return None
+    machine = VllmMachineSettings(vllm=replace(settings, devices="1", run_key=""),
+                                  service_dir=service_dir(settings.run_key, settings), devices=settings.devices)
+    return machine_engine(machine)
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from transforms.engines.devices.plan import bound_cores
+
+    share = bound_cores(os.environ)
+    if share:  # one engine per share of a CPU's cores (--devices N): this process runs on its share only
+        os.sched_setaffinity(0, share)
     serve(Path(sys.argv[1]))

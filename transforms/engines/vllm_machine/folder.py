@@ -37,7 +37,8 @@ MAX_SETTINGS_BYTES = 1 << 20
 # engine_environment; vllm/envs.py): the service gets these and child_env's, nothing else (no storage keys,
 # no Beam PIPELINE_OPTIONS).
 ENGINE_ENV_KEYS = ("LD_LIBRARY_PATH", "LD_PRELOAD", "USER", "LOGNAME", "XDG_CACHE_HOME", "XDG_RUNTIME_DIR",
-                   "LOCAL_RANK", "MAX_JOBS", "NO_COLOR", "DO_NOT_TRACK", "CC", "CXX")
+                   "LOCAL_RANK", "MAX_JOBS", "NO_COLOR", "DO_NOT_TRACK", "CC", "CXX",
+                   "PAGEMILL_FAULT_ENGINE_EXIT")  # service.py FAULT_ENV: a test's fault, never set by pagemill
 ENGINE_ENV_PREFIXES = ("VLLM_", "CUDA_", "NVIDIA_", "NCCL_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_",
                        "TORCH", "PYTORCH_", "TRITON_", "OMP_", "MKL_", "KMP_", "ONEDNN_", "DNNL_", "NUMEXPR_",
                        "HIP_", "ROCR_")

@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from transforms.engines.base import Completion, EngineDead, PageEngine, Prepared, RequestRejected, Sampling
+from transforms.engines.simulated import SimulatedEngine
 from transforms.engines.vllm_local.engine import VllmLocalEngine
 from transforms.engines.vllm_local.settings import VllmLocalSettings
+from transforms.engines.vllm_machine import stats as engine_stats
 from transforms.engines.vllm_machine import wire
 from transforms.engines.vllm_machine.folder import MAX_SETTINGS_BYTES, check_folder, read_authkey, read_private
 from transforms.engines.vllm_shared.templated import page_pixels
@@ -31,6 +33,9 @@ log = logging.getLogger(__name__)
 IDLE_EXIT_S = 10.0  # the service exits this long after its last worker disconnected
 SOCKET = "engine.sock"
 EngineMaker = Callable[[VllmLocalSettings, Path], PageEngine]
+# Fault injection (tests): "<device>:<pages>" makes that device's service exit once, right after its <pages>th
+# answer, as an engine process that dies mid-run (its restarted service does not exit again).
+FAULT_ENV = "PAGEMILL_FAULT_ENGINE_EXIT"
 
 
 class _CountingEngine(VllmLocalEngine):
@@ -60,6 +65,8 @@ class Service:
     lock: threading.Lock = field(default_factory=threading.Lock)
     state: dict[str, Any] = field(default_factory=lambda: {"clients": 0, "idle_since": time.monotonic()})
     stopped: threading.Event = field(default_factory=threading.Event)
+    stats: engine_stats.EngineStats | None = None  # its figures (stats.py), in `directory`
+    directory: Path | None = None
 
     def stop(self) -> None:
         """Stop accepting (the service process never does: it exits when idle; tests run it in a thread)."""
@@ -78,12 +85,15 @@ def serve(directory: Path, make_engine: EngineMaker = _CountingEngine) -> None:
 def open_service(directory: Path, make_engine: EngineMaker) -> Service:
     """Check the folder, read the run's engine settings and key, make the engine and listen on the socket."""
     check_folder(directory)
-    settings = VllmLocalSettings(**json.loads(read_private(directory / "settings.json", MAX_SETTINGS_BYTES)))
+    fields = json.loads(read_private(directory / "settings.json", MAX_SETTINGS_BYTES))
+    device, simulated = str(fields.pop("device", "")), fields.pop("simulated", None)
+    settings = VllmLocalSettings(**fields)
     authkey = read_authkey(directory)
-    engine = make_engine(settings, directory)
+    engine = SimulatedEngine(**simulated) if simulated is not None else make_engine(settings, directory)
     # No authkey here: the handshake runs in each connection's thread, so a peer that stalls in it
     # holds up only itself, and a failed one never stops the accept loop.
-    return Service(Listener(str(directory / SOCKET), family="AF_UNIX"), engine, authkey)
+    return Service(Listener(str(directory / SOCKET), family="AF_UNIX"), engine, authkey,
+                   stats=engine_stats.load(directory, device), directory=directory)
 
 
 def exit_when_idle(service: Service) -> None:
@@ -108,7 +118,8 @@ def accept_workers(service: Service) -> None:
             continue
         with service.lock:
             service.state["clients"] += 1
-        worker = partial(_serve_worker, service.engine, conn, service.authkey, service.lock, service.state)
+        worker = partial(_serve_worker, service.engine, conn, service.authkey, service.lock, service.state,
+                         service.stats, service.directory)
         threading.Thread(target=worker, daemon=True).start()
 
 
@@ -123,8 +134,48 @@ def _handshake(conn: Connection, authkey: bytes) -> bool:
         return False
 
 
+def fault_due(spec: str | None, device: str, pages: int, directory: Path) -> bool:
+    """FAULT_ENV's test fault: True once (a marker file in the folder), when `spec` names this device and its
+    pages answered reached the count."""
+    name, _, count = (spec or "").partition(":")
+    if not count.isdigit() or name != device or pages < int(count):
+        return False
+    try:
+        os.close(os.open(directory / "fault-fired", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _write(stats: engine_stats.EngineStats, directory: Path) -> None:
+    try:
+        stats.write(directory)
+    except OSError as err:
+        log.warning("engine service: could not write its figures: %s", err)
+
+
+def _counted(stats: engine_stats.EngineStats | None, directory: Path | None, engine: PageEngine,
+             c: Completion) -> int:
+    """One answer in the service's figures (stats.json, written before the answer goes: a run that has its
+    answers has their figures); the pages answered so far."""
+    if stats is None or directory is None:
+        return 0
+    pages = stats.answered(c.output.output_tokens, float(c.gpu_seconds), engine.starts)
+    _write(stats, directory)
+    return pages
+
+
+def _fault(stats: engine_stats.EngineStats | None, directory: Path | None, pages: int) -> None:
+    """The test fault (FAULT_ENV) once its answer has gone."""
+    if stats is not None and directory is not None and fault_due(os.environ.get(FAULT_ENV), stats.device, pages,
+                                                                 directory):
+        log.warning("engine service: %s: exiting after %d answers", FAULT_ENV, pages)
+        os._exit(9)
+
+
 def _serve_worker(engine: PageEngine, conn: Connection, authkey: bytes, lock: threading.Lock,
-                  state: dict[str, Any]) -> None:
+                  state: dict[str, Any], stats: engine_stats.EngineStats | None = None,
+                  directory: Path | None = None) -> None:
     send_lock = threading.Lock()
     submitted: dict[int, Future[Completion]] = {}  # this worker's requests in the engine, for `abort`
 
@@ -146,15 +197,20 @@ def _serve_worker(engine: PageEngine, conn: Connection, authkey: bytes, lock: th
             return error(rid, "rejected" if isinstance(err, RequestRejected) else "engine", err)
         c = future.result()
         a = c.output
+        pages = _counted(stats, directory, engine, c)
         reply({"kind": "done", "rid": rid, "text": a.text, "finish_reason": a.finish_reason,
                "tokens": [a.image_tokens, a.text_tokens, a.output_tokens], "gpu_seconds": float(c.gpu_seconds),
                "starts": engine.starts, "cached_tokens": a.cached_prompt_tokens})
+        _fault(stats, directory, pages)
 
     def restart(seen: int) -> None:
         try:
             engine.restart(seen)
         except Exception as err:  # noqa: BLE001 - the worker's pages fail as rows; see VllmLocalEngine.restart
             log.error("engine could not restart: %s: %s", type(err).__name__, err)
+        if stats is not None and directory is not None:
+            stats.started(engine.starts)
+            _write(stats, directory)
         reply({"kind": "starts", "starts": engine.starts})
 
     try:
@@ -189,6 +245,8 @@ def _serve_worker(engine: PageEngine, conn: Connection, authkey: bytes, lock: th
             except Exception as err:  # noqa: BLE001 - the engine cannot start: this request fails
                 error(sub.rid, "engine", err)
                 continue
+            if stats is not None:
+                stats.received()
             submitted[sub.rid] = future
             future.add_done_callback(lambda _, rid=sub.rid: submitted.pop(rid, None))
             future.add_done_callback(partial(done, sub.rid))
