@@ -9,9 +9,12 @@ reaches the size asked for) and a manifest naming the file, as `pagemill run --s
 runs `pagemill sql --output ROOT "SELECT 1"` in a fresh process per size, once with this checkout and once
 with `--repo` (a baseline checkout, e.g. main's code: `git archive HEAD | tar -x -C ../base`), and prints wall
 and CPU seconds and the process's peak RSS; `--count` also times `SELECT count(*)` from the big view (which
-creates it), `--notes` prints what typed_views says of it. Asserts nothing.
+creates it), `--notes` prints what typed_views says of it. `--evidence-pages N` also plants N `ok` invoice pages
+with an `evidence` row per value (as a run leaves them) and times reading the invoice view whole (`SELECT *`,
+its `<field>_grounded` and `<field>_box` columns joined from `evidence`) and its `count(*)`. Asserts nothing.
 
     .venv/bin/python benchmarks/bench_typed_views.py [--sizes-kib 80 156] [--repo ../base] [--rounds 1] [--count]
+        [--evidence-pages 20000]
 """
 from __future__ import annotations
 
@@ -81,6 +84,29 @@ def plant(root: Path, kib: int, depth: int) -> Path:
     return out
 
 
+def plant_evidence(root: Path, pages: int) -> Path:
+    """An output root of `pages` ok invoice pages, each with its evidence rows (every value found, with a box)."""
+    import datetime as dt
+
+    from schemas import tables
+    from schemas.layout import partition
+    from tests.support import planted
+    from transforms.model.evidence import leaves
+    from transforms.store.write import write_rows
+
+    out = root / "out-evidence"
+    rows = [planted.page(n, planted.GOOD_INVOICE) for n in range(pages)]
+    planted.write_pages(out, rows)
+    at = dt.datetime(2026, 11, 1, 9, tzinfo=dt.UTC)
+    evidence = [{"run_id": "r1", "tenant": "default", "doc_sha256": r["doc_sha256"], "source_uri": r["source_uri"],
+                 "page_index": 0, "status": "ok", "schema_id": "invoice", "field_path": path, "value": str(v),
+                 "quote": str(v), "x0": 0.1, "y0": 0.2, "x1": 0.3, "y1": 0.25, "method": "text_layer", "score": 1.0,
+                 "grounded": True, "created_at": at}
+                for r in rows for path, v in leaves(planted.GOOD_INVOICE)]
+    write_rows(partition(str(out), "evidence", "default", "r1"), tables.EVIDENCE, evidence)
+    return out
+
+
 def measure(repo: Path, output: Path, statement: str) -> tuple[float, float, float, str]:
     """(wall s, CPU s, peak RSS MiB, the answer's last line) of `pagemill sql STATEMENT` in its own process."""
     argv = [sys.executable, "-m", "pipelines.cli", "sql", "--output", str(output), "--format", "csv", statement]
@@ -116,6 +142,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="runs per size and checkout (the best is printed)")
     parser.add_argument("--count", action="store_true", help="also time SELECT count(*) FROM the big view")
     parser.add_argument("--notes", action="store_true", help="also print each view's note (one more query each)")
+    parser.add_argument("--evidence-pages", type=int, default=0, help="also read an invoice view of this many pages "
+                        "with their evidence rows")
     args = parser.parse_args()
     # SELECT 1 reads no typed view; the count reads the big one (the cost of a view within the bound).
     statements = ["SELECT 1", "SELECT count(*) FROM {view}"] if args.count else ["SELECT 1"]
@@ -135,6 +163,22 @@ def main() -> None:
                       flush=True)
                 if args.notes and kib and statement == statements[-1]:
                     print(f"|   note | | | | | | {typed_note(repo, out, f'deep_wide_{kib}')} |", flush=True)
+        if args.evidence_pages:
+            out = plant_evidence(Path(tmp), args.evidence_pages)
+            print(f"\n{args.evidence_pages} ok invoice pages, {len(list(leaves_of_invoice()))} evidence rows each")
+            print("| checkout | SELECT | wall s | CPU s | peak RSS MiB | answer |")
+            print("|---|---|---:|---:|---:|---|")
+            for statement, (name, repo) in itertools.product(
+                    ["SELECT count(*) FROM invoice", "SELECT * FROM invoice"], checkouts):
+                wall, cpu, rss, answer = min(measure(repo, out, statement) for _ in range(args.rounds))
+                print(f"| {name} | {statement} | {wall:.2f} | {cpu:.2f} | {rss:.0f} | {answer[:40]} |", flush=True)
+
+
+def leaves_of_invoice() -> Any:
+    from tests.support import planted
+    from transforms.model.evidence import leaves
+
+    return leaves(planted.GOOD_INVOICE)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The `pagemill` command line: run | sql | estimate | eval | bench | report | make-test-model."""
+"""The `pagemill` command line: run | sql | estimate | eval | bench | report | cancel | make-test-model."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +20,8 @@ pagemill report --output DIR [--tenant T] [--run-id ID] --html FILE
 pagemill eval --output DIR [--run-id ID] [--tenant T] --truth FILE [--format table|json] [--save]
 pagemill eval --bench olmocr-bench|sroie|cord --data DIR --output DIR [--run-id ID] [--format table|json]
 pagemill bench olmocr-bench|sroie|cord --data DIR --output DIR [--preset P] [--run-id ID] [run options]
+pagemill cancel --output DIR --run-id ID --endpoint URL [--tenant T] [--api-key-env VAR] [--engine E]
+pagemill expire --output DIR --catalog URI [--older-than-days N] [--dry-run]
 pagemill presets
 pagemill make-test-model DIR [--family qwen2_vl|qwen2_5_vl|llava_next|internvl|idefics3] [--seed N]"""
 
@@ -45,6 +47,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return export(rest)
     if command == "make-test-model":
         return make_test_model_command(rest)
+    if command == "cancel":
+        from pipelines.run.batches import cancel_command
+
+        return cancel_command(rest)
+    if command == "expire":
+        from pipelines.tables.expire import command as expire
+
+        return expire(rest)
     if command == "presets":
         from pipelines.config.presets import listing
 
@@ -69,6 +79,7 @@ def run_command(argv: Sequence[str]) -> int:
     from pipelines.config.storage import add_storage_args, storage_from
     from pipelines.run.local_workers import local_workers_flags, usable_cores
 
+    argv = ["--verbose" if a == "-v" else a for a in argv]  # the short spelling of --verbose
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--job", default=None)
     add_storage_args(pre)
@@ -144,6 +155,9 @@ def sql_command(argv: Sequence[str]) -> int:
             columns, rows = queries.run(args.output, args.named, storage, tenant=args.tenant, source=source)
         else:
             columns, rows = sql.query(args.output, args.query, storage, tenant=args.tenant, source=source)
+    except sql.CatalogRefused as err:  # a catalog that names a class to run, a table not pagemill's
+        print(f"pagemill sql: --catalog: {err}", file=sys.stderr)
+        return 2
     except Exception as err:  # noqa: BLE001 - DuckDB's message is the useful part
         print(f"pagemill sql: {sql.error_line(err)}", file=sys.stderr)
         return 1

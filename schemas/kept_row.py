@@ -8,7 +8,8 @@ The ledger keeps what was spent: its kept row carries the sum of every attempt's
 one (`created_at`, `attempt_seq`): a row written twice by one attempt (a flush replayed) counts once.
 
 One home for the rule: compaction (transforms/store/compaction.py) keeps rows with `keep`, the SQL views
-(pipelines/tables/sql.py) with `view_sql`; both order by the same columns in the same way. Pure.
+(pipelines/tables/sql.py) with `view_sql`, the typed views' evidence columns with `rank_sql`; all order by the
+same columns in the same way. Pure.
 """
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ from schemas.statuses import CACHED, FAILED
 
 ATTEMPT_SEQ = "attempt_seq"
 # Per table: the column that says how a row ended, and its value for a reused copy ("failed" in all three).
-ENDING = {"documents": "outcome", "pages": "status", "ledger": "route"}
-REUSED = {"documents": CACHED, "pages": CACHED, "ledger": "cache"}
+# An `evidence` row carries its page's status, so its kept row is its page's attempt's.
+ENDING = {"documents": "outcome", "pages": "status", "ledger": "route", "evidence": "status"}
+REUSED = {"documents": CACHED, "pages": CACHED, "ledger": "cache", "evidence": CACHED}
 # The ledger's spend: what every attempt cost, summed into the kept row (tokens saved by low detail too,
 # so that they stay comparable with the image tokens spent).
 SPEND = ("image_tokens", "text_tokens", "output_tokens", "image_tokens_saved", "cached_prompt_tokens", "attempts",
@@ -77,6 +79,15 @@ def order_sql(table: str) -> str:
     ending, reused = ENDING[table], REUSED[table]
     return (f"CASE {ending} WHEN '{FAILED}' THEN 0 WHEN '{reused}' THEN 1 ELSE 2 END DESC, "
             f"created_at DESC NULLS LAST, {ATTEMPT_SEQ} DESC NULLS LAST")
+
+
+def rank_sql(table: str) -> str:
+    """The rule as one sortable SQL value (a STRUCT, compared field by field), for `arg_max`: the same order as
+    `rank`, so the highest is the kept row (a grouped pick, cheaper than `order_sql`'s window)."""
+    ending, reused = ENDING[table], REUSED[table]
+    return (f"{{'work': CASE {ending} WHEN '{FAILED}' THEN 0 WHEN '{reused}' THEN 1 ELSE 2 END, "
+            f"'at_known': created_at IS NOT NULL, 'at': coalesce(created_at, '{_NEVER.isoformat()}'::TIMESTAMPTZ), "
+            f"'seq_known': {ATTEMPT_SEQ} IS NOT NULL, 'seq': coalesce({ATTEMPT_SEQ}, 0)}}")
 
 
 def view_sql(table: str, source: str, schema: pa.Schema) -> str:

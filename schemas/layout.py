@@ -16,6 +16,7 @@ TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "documents": ("tenant", "run_id", "source_uri"),
     "pages": ("tenant", "run_id", "doc_sha256", "page_index"),
     "ledger": ("tenant", "run_id", "doc_sha256", "page_index"),
+    "evidence": ("tenant", "run_id", "doc_sha256", "page_index", "field_path"),
 }
 PART_SUFFIX = ".parquet"
 # What Beam's FileSystems.match (and fnmatch) read as a wildcard. The run's files are listed with patterns
@@ -58,6 +59,12 @@ def part_glob(output: str, table: str, tenant: str = "*", run_id: str = "*") -> 
 def listing_folder(output: str, tenant: str, run_id: str) -> str:
     """A run's durable listing, written once and read in waves (transforms/store/listing_file.py)."""
     return join_uri(output, "listings", f"tenant={tenant}", f"run_id={run_id}")
+
+
+def batch_folder(output: str, tenant: str, run_id: str) -> str:
+    """A run's hosted batches (`--engine openai_batch`): their state, request, spool and result files
+    (transforms/engines/openai_batch/files.py)."""
+    return join_uri(output, "batches", f"tenant={tenant}", f"run_id={run_id}")
 
 
 def markdown_folder(output: str, tenant: str) -> str:

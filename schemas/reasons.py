@@ -39,6 +39,10 @@ BLOCKED_NSFW: Final = "blocked_nsfw"
 SAFETY_CHECK_ERROR: Final = "safety_check_error"
 TIMEOUT: Final = "timeout"
 WORKER_CRASHED: Final = "worker_crashed"
+BATCH_PENDING: Final = "batch_pending"
+BATCH_EXPIRED: Final = "batch_expired"
+BATCH_FAILED: Final = "batch_failed"
+BATCH_CANCELLED: Final = "batch_cancelled"
 
 # The failure vocabulary. Stable strings: analysts filter on them in SQL; docs/tables.md documents each.
 REASON_CODES: dict[str, str] = {
@@ -76,6 +80,12 @@ REASON_CODES: dict[str, str] = {
     SAFETY_CHECK_ERROR: "a safety check raised on this page: quarantined, never sent (fail closed)",
     TIMEOUT: "the document (or one page) ran past --document-timeout-s (--page-timeout-s); its work was stopped",
     WORKER_CRASHED: "the intake or render process died on this document (a crash inside pdfium or Pillow)",
+    BATCH_PENDING: "the page's request waits in a hosted batch (`--engine openai_batch`): a later `pagemill run` "
+                   "with the same --run-id collects it (a row of an unfinished run, superseded by its answer)",
+    BATCH_EXPIRED: "the hosted batch expired before this request ran, also after its resubmissions "
+                   "(--batch-max-resubmits)",
+    BATCH_FAILED: "the hosted batch, or this request in it, failed, also after its resubmissions",
+    BATCH_CANCELLED: "the run's batches were cancelled (`pagemill cancel`) before this request ran",
 }
 
 # The engine, the run's own machinery or a time limit failed; the same input may well succeed next time.
@@ -89,6 +99,10 @@ SYSTEM_REASONS = frozenset({
     SAFETY_CHECK_ERROR,    # a safety check raised: the page is quarantined, fail closed
     EXTRACTION_FAILED,     # a document's pages produced no row at all (lost work)
     STORAGE_ERROR,         # the object store kept failing past the read retries (transforms/intake/reading.py)
+    BATCH_PENDING,         # a hosted batch has not answered yet (a finished run holds none)
+    BATCH_EXPIRED,         # a hosted batch expired, also after the resubmissions
+    BATCH_FAILED,          # a hosted batch or its request failed, also after the resubmissions
+    BATCH_CANCELLED,       # `pagemill cancel` stopped the run's batches
 })
 # The model ran but its answer failed the checks: data quality, reported per page, not a system failure.
 MODEL_OUTPUT_REASONS = frozenset({INVALID_JSON, SCHEMA_INVALID, TRUNCATED, FRONT_MATTER_INVALID, REPETITION})

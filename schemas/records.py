@@ -6,6 +6,8 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
+from schemas.evidence import EvidenceRow
+
 # Page statuses and document outcomes: schemas/statuses.py.
 # Ledger routes: why a page cost what it cost. A page sent to a model has `model` (the in-process
 # engine), `served` (a self-hosted OpenAI-compatible server) or `api:<provider>` (a hosted API priced at
@@ -44,6 +46,8 @@ FLAGS = {
     "refusal": "the output reads like a refusal rather than data",
     "truncated_output": "markdown output hit --max-tokens: the page's text is cut short",
     "repetition": "markdown output kept repeating a short pattern and was stopped there: the text is cut short",
+    "ungrounded_values": "a value of the extraction is not found on its page (pages.ungrounded_values counts them; "
+                         "the evidence table says which)",
 }
 
 # Why a model's answer ended (the `ledger.stop_reason` column; null on pages no model answered). Stable strings.
@@ -132,6 +136,9 @@ class PageImage:
     flag_detail: tuple[str, ...] = ()
     # When the page left the CPU stages (rendered, gated, hinted); stamped by the extraction stage.
     rendered_at: dt.datetime | None = None
+    # The page's words with their boxes (schemas/evidence.py's encoding): the text layer's, set by the page stage,
+    # or Tesseract's, set by the hints stage when it ran. What the extraction's values are looked for in.
+    words: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -185,6 +192,11 @@ class PageRow:
     rotation_correction: int | None = None
     is_table: bool | None = None
     is_diagram: bool | None = None
+    # Evidence (transforms/model/evidence.py): one row per non-empty leaf value, written to the `evidence` table;
+    # how many values were looked for, and how many were not found (None: not checked).
+    evidence: tuple[EvidenceRow, ...] = ()
+    evidence_values: int | None = None
+    ungrounded_values: int | None = None
 
     @classmethod
     def of_page(cls, page: PageImage, status: str, *, hinted: bool = True, **fields: Any) -> PageRow:
@@ -236,3 +248,6 @@ class ExtractionResult:
     flags: tuple[str, ...] = ()  # page flags the result raises (markdown: truncated_output)
     cached_prompt_tokens: int = 0  # of the last attempt's prompt tokens, those the engine's prefix cache held
     stop_reason: str | None = None  # STOP_REASONS of the last attempt
+    # --evidence-quotes: (field path, the page text the model says it read the value from), taken out of the
+    # answer (transforms/model/quotes.py); for the evidence of the row, never stored as such.
+    quotes: tuple[tuple[str, str], ...] = ()

@@ -37,8 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 NOT_RUN = {"not checked", "skipped", "check was interrupted by user"}
 # A mutant is `<module>.x_<function>__mutmut_<n>` or `<module>.xǁ<Class>ǁ<method>__mutmut_<n>`.
-LINE = re.compile(r"^\s*((?:transforms|pipelines)(?:\.\w+)*?)\.x[_ǁ]\S*__mutmut_\d+: (.+?)\s*$")
-NAME = re.compile(r"^\s*(((?:transforms|pipelines)(?:\.\w+)*?)\.x[_ǁ]\S*__mutmut_\d+): (.+?)\s*$")
+LINE = re.compile(r"^\s*((?:transforms|pipelines|schemas)(?:\.\w+)*?)\.x[_ǁ]\S*__mutmut_\d+: (.+?)\s*$")
+NAME = re.compile(r"^\s*(((?:transforms|pipelines|schemas)(?:\.\w+)*?)\.x[_ǁ]\S*__mutmut_\d+): (.+?)\s*$")
 # mutmut 3 has no command that only generates mutants (`run` also runs every selected test once for its
 # stats): its own first step, called in-process, so that a sample can be drawn before anything runs.
 GENERATE = """

@@ -198,9 +198,11 @@ def test_engines_know_no_output_format() -> None:
 
 
 # The backends' rooms in transforms/engines/ and the rooms each may import besides the contract (base.py): the
-# machine's service runs the local engine; both vLLM backends and the simulated one share the vLLM helpers.
-ENGINE_ROOMS = {"vllm_shared": set(), "vllm_local": {"vllm_shared"}, "vllm_machine": {"vllm_shared", "vllm_local"},
-                "openai": set(), "simulated": {"vllm_shared"}}
+# machine's service runs the local engine (a benchmark's: the simulated one), one per device (devices/); both vLLM
+# backends and the simulated one share the vLLM helpers.
+ENGINE_ROOMS = {"vllm_shared": set(), "vllm_local": {"vllm_shared"},
+                "vllm_machine": {"vllm_shared", "vllm_local", "simulated", "devices"}, "devices": set(),
+                "openai": set(), "openai_batch": {"openai"}, "simulated": {"vllm_shared"}}
 
 
 def test_each_engine_room_imports_only_what_it_builds_on() -> None:

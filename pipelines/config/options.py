@@ -78,6 +78,9 @@ class PagemillOptions(PipelineOptions):
               help="a model preset (`pagemill presets`): its flags are defaults that explicit flags override")
         _flag(parser, "schema", default="invoice",
               help="shipped schema name or path to a JSON Schema, or a markdown format: markdown, olmocr")
+        _flag(parser, "evidence_quotes", type=parse_bool, default=False,
+              help="JSON output: also ask the model for the page text it read each value from; a quote found on "
+                   "the page grounds its value (evidence method model_quote), and is not stored in the extraction")
         _flag(parser, "write_markdown", type=parse_bool, default=False,
               help="markdown output: also write one .md file per document under <output>/markdown/")
         _flag(parser, "model", default=DEFAULT_MODEL, help="local model folder or hub id")
@@ -95,6 +98,10 @@ class PagemillOptions(PipelineOptions):
                    "once a run); image_first: the image first (prompt version 3's order)")
         _flag(parser, "gpu_memory_utilization", type=float, default=0.90, help="passed to vllm.LLM")
         _flag(parser, "tensor_parallel_size", type=int, default=1, help="passed to vllm.LLM")
+        _flag(parser, "devices", default="all",
+              help="engines of a machine, one per device (or per --tensor-parallel-size group): all (every "
+                   "visible GPU; one engine on a CPU), a count, or a list of device ids (0,1,3); each engine's "
+                   "own process, pinned to its device (docs/extraction.md)")
         _flag(parser, "max_num_seqs", type=int, default=256, help="passed to vllm.LLM")
         _flag(parser, "limit_mm_per_prompt", type=int, default=1, help="images per prompt")
         _flag(parser, "max_in_flight", type=int, default=0,
@@ -113,7 +120,9 @@ class PagemillOptions(PipelineOptions):
         # The engine that answers the pages (pipelines/config/engine.py, transforms/engines/, docs/served.md).
         _flag(parser, "engine", default=ALIAS, choices=CHOICES,
               help="vllm_local: vLLM in each worker process; vllm_machine: one vLLM engine per machine, fed by "
-                   "every worker process; openai: an OpenAI-compatible endpoint (--endpoint); simulated: a "
+                   "every worker process; openai: an OpenAI-compatible endpoint (--endpoint); openai_batch (or "
+                   "openai-batch): its hosted Batch API at the batch rate; anthropic_batch (or anthropic-batch): "
+                   "Anthropic's Message Batches at the batch rate; simulated: a "
                    "simulated engine (benchmarks); vllm (alias, the default): vllm_machine with "
                    "--engine-service machine or a multi-process DirectRunner, else vllm_local")
         _flag(parser, "endpoint", default=None, help="--engine openai: the API's base URL, e.g. http://host:8000/v1")
@@ -122,12 +131,22 @@ class PagemillOptions(PipelineOptions):
         _flag(parser, "concurrency", type=int, default=8, help="--engine openai: requests in flight")
         _flag(parser, "request_timeout_s", type=float, default=300.0,
               help="--engine openai: time limit of one request; over it: `engine_timeout`")
+        # Hosted batches (--engine openai_batch: transforms/engines/openai_batch/, pipelines/run/batches.py).
+        _flag(parser, "batch_max_requests", type=int, default=50_000,
+              help="--engine openai_batch: requests per batch at most (the provider's limit when smaller)")
+        _flag(parser, "batch_max_resubmits", type=int, default=1,
+              help="--engine openai_batch: how often an expired or failed request is sent again before its "
+                   "page fails `batch_expired` / `batch_failed`")
+        _flag(parser, "wait", type=parse_bool, default=False,
+              help="--engine openai_batch: wait for the batches and collect them (else exit 75 while they work)")
+        _flag(parser, "batch_poll_s", type=float, default=60.0,
+              help="--engine openai_batch --wait: seconds between polls at most (doubling from 1 s)")
         _flag(parser, "endpoint_kind", default="served", choices=("served", "hosted"),
               help="--engine openai: served (self-hosted: --gpu-hourly-usd x wall time, route `served`) or "
                    "hosted (list price of --api-price, route `api:<provider>`)")
         _flag(parser, "workers", type=int, default=0,
               help="worker processes of a local (DirectRunner) run: 0 = one a core (in this process when the "
-                   "listing is small: at most 32 objects and 2 MiB), 1 = in this process; "
+                   "listing is small: at most 32 objects, 2 MiB and 128 pages), 1 = in this process; "
                    "Beam's --direct_running_mode / --direct_num_workers, when given, win")
         # Safety gate (transforms/safety/gate.py) and hints (transforms/hints/choose.py).
         _flag(parser, "blocklist", action="append", default=None,
@@ -153,6 +172,9 @@ class PagemillOptions(PipelineOptions):
         _flag(parser, "api_price", default="gpt-4o", help="hosted API whose list price the ledger compares")
         _flag(parser, "progress_every_s", type=float, default=5.0,
               help="seconds between progress lines, printed while the run works (0: none)")
+        _flag(parser, "verbose", type=parse_bool, default=False,
+              help="-v: also show on the screen the lines of vLLM, torch, Beam and the other libraries (always "
+                   "in the run's log file, beside its manifest)")
         _flag(parser, "wave_objects", type=int, default=5000,
               help="list the inputs once under the run, then process them in waves of this many objects (the "
                    "first a tenth of it), one bounded pipeline each (0: one pipeline over the whole listing)")
@@ -163,6 +185,9 @@ class PagemillOptions(PipelineOptions):
         _flag(parser, "catalog_namespace", default="pagemill", help="--catalog: the namespace of the tables")
         _flag(parser, "catalog_property", action="append", default=None,
               help="--catalog: KEY=VALUE for the catalog (a REST catalog's token, credential, warehouse); repeatable")
+        _flag(parser, "catalog_allow_http", type=parse_bool, default=False,
+              help="--catalog http://: send its token or credential to a non-loopback host unencrypted (refused "
+                   "without it)")
         # Writing as the run goes: what a kill can lose, per writer, against how many files a run makes.
         _flag(parser, "flush_rows", type=int, default=500, help="write a Parquet file every this many rows (0: off)")
         _flag(parser, "flush_seconds", type=float, default=10.0,

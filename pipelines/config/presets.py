@@ -33,6 +33,8 @@ class Preset:
     # transforms/model/prompt.py PROMPT_LAYOUTS: every preset's chat template takes the shared text before the page
     # image (prefix-cached once a run); a model trained on the image first would pin "image_first" here.
     prompt_layout: str = "shared_first"
+    # --evidence-quotes: the model also quotes the page text of each value (transforms/model/quotes.py).
+    evidence_quotes: bool = False
 
     @property
     def output_kind(self) -> str:
@@ -53,7 +55,8 @@ class Preset:
     def options(self) -> dict[str, Any]:
         return {"model": self.model, "model_family": self.model_family, "schema": self.schema,
                 "max_side": self.max_side, "detail": self.detail, "hints": self.hints,
-                "max_tokens": self.max_tokens, "max_model_len": self.max_model_len, "prompt_layout": self.prompt_layout}
+                "max_tokens": self.max_tokens, "max_model_len": self.max_model_len, "prompt_layout": self.prompt_layout,
+                "evidence_quotes": self.evidence_quotes}
 
     def flags(self) -> list[str]:
         return [f"--{k}={v}" for k, v in self.options().items()]

@@ -89,10 +89,13 @@ def command(argv: Sequence[str]) -> int:
         print("pagemill estimate: --input is required (or a --job file that sets it)", file=sys.stderr)
         return 2
     configure(storage)
+    from pipelines.run.run_log import command_log
+
     try:
-        report = estimate(o, storage, pages_per_second=args.pages_per_second, output_tokens=args.output_tokens,
-                          read_text=args.read_text, workers=args.workers, per_page=args.per_page,
-                          sample_pages=args.sample_pages, sample_seed=args.sample_seed)
+        with command_log("estimate"):  # a tokenizer's or a library's chatter: in a log, not between the figures
+            report = estimate(o, storage, pages_per_second=args.pages_per_second, output_tokens=args.output_tokens,
+                              read_text=args.read_text, workers=args.workers, per_page=args.per_page,
+                              sample_pages=args.sample_pages, sample_seed=args.sample_seed)
     except (OSError, ValueError) as err:
         print(f"pagemill estimate: {err}", file=sys.stderr)
         return 1

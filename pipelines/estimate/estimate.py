@@ -268,9 +268,14 @@ def route_cost(cfg: ExtractConfig, self_hosted_usd: float, hosted: Sequence[dict
     served endpoint at --gpu-hourly-usd, or a hosted API (--endpoint-kind hosted) at --api-price's list price."""
     route = cfg.route
     if route.startswith(API_ROUTE_PREFIX):
-        found = [h for h in hosted if h["provider"] == route.removeprefix(API_ROUTE_PREFIX)]
+        provider = route.removeprefix(API_ROUTE_PREFIX)
+        found = [h for h in hosted if h["provider"] == provider.removesuffix(budget.BATCH_TIER)]
         usd = found[0]["usd"] if found else 0.0
         basis = f"list price of {cfg.api_price} for the tokens above; the ledger counts the API's own usage"
+        if found and provider.endswith(budget.BATCH_TIER):  # --engine openai_batch: the price rule's batch rate
+            usd = budget.api_cost_usd(provider, found[0]["input_tokens"], found[0]["output_tokens"], cfg.prices)
+            basis = (f"batch price of {cfg.api_price} (its batch_rate in schemas/prices.json) for the tokens above; "
+                     "the ledger counts the batch API's own usage")
     elif cfg.gpu_hourly_usd > 0:
         usd, basis = self_hosted_usd, f"GPU-hours at ${cfg.gpu_hourly_usd:g}/h" + (
             "; a served endpoint: the ledger prices its measured busy time" if route == "served" else "")

@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from schemas.run_place import RunPlace
+
 MAX_EMPTY_PASSES = 2  # passes in a row that leave pages pending yet submit nothing (a lost spool): then an error
 
 
@@ -32,21 +34,24 @@ class TryLater(Exception):
 
 def batch_waves(o: Any, engine: Any, run: dict[str, Any], storage: Any, listing: Any,
                 waves: Callable[[], tuple[Any, dict[str, Any]]],
-                sleep: Callable[[float], None] = time.sleep) -> tuple[Any, dict[str, Any]]:
+                sleep: Callable[[float], None] = time.sleep,
+                place: RunPlace | None = None) -> tuple[Any, dict[str, Any]]:
     """Run `waves` (the run's pipeline) as often as the batches need, or raise TryLater. Returns its last
     result, once no page of the run is pending. The run's batches are held (lock.py) for all of it: a second
-    launcher of the same run is refused with TryLater."""
+    launcher of the same run is refused with TryLater. `place`: the run's (default the options' --output,
+    --tenant and --run-id)."""
+    place = place or RunPlace(o.output, o.tenant, o.run_id)
     from transforms.engines.openai_batch.lock import LauncherBusy, launcher_lock
 
     try:
         with launcher_lock(engine.folder):
-            return _passes(o, engine, run, storage, listing, waves, sleep)
+            return _passes(o, place, engine, run, storage, listing, waves, sleep)
     except LauncherBusy as busy:  # a second launcher of the run: it would submit the same spool again
-        raise TryLater(f"pagemill: run {o.run_id}: {busy}; exit 75: nothing was submitted by this one: run the "
+        raise TryLater(f"pagemill: run {place.run_id}: {busy}; exit 75: nothing was submitted by this one: run the "
                        f"same command again once that launcher has ended") from None
 
 
-def _passes(o: Any, engine: Any, run: dict[str, Any], storage: Any, listing: Any,
+def _passes(o: Any, place: RunPlace, engine: Any, run: dict[str, Any], storage: Any, listing: Any,
             waves: Callable[[], tuple[Any, dict[str, Any]]],
             sleep: Callable[[float], None]) -> tuple[Any, dict[str, Any]]:
     from pipelines.run.retries import settle
@@ -59,40 +64,40 @@ def _passes(o: Any, engine: Any, run: dict[str, Any], storage: Any, listing: Any
         while True:
             report = driver.step()
             if report.working:
-                _say(o, report, "still working")
+                _say(place, report, "still working")
                 if not o.wait:
-                    raise TryLater(_later(o, report))
+                    raise TryLater(_later(place, report))
                 sleep(pause)
                 pause = min(max(1.0, o.batch_poll_s), pause * 2)
                 continue
             _reopen_waves(o, listing)
             run["created_at"] = dt.datetime.now(dt.UTC)  # each pass is a new attempt (schemas/kept_row.py)
             result = waves()
-            counts, _ = settle(o.output, o.tenant, o.run_id, storage)
+            counts, _ = settle(place.output, place.tenant, place.run_id, storage)
             pending = int((counts.get("page_reasons") or {}).get(BATCH_PENDING, 0))
             report = driver.step()  # the pass's spool becomes batches
             if not pending:
                 return result
-            _say(o, report, f"{pending} pages wait for them")
+            _say(place, report, f"{pending} pages wait for them")
             empty = 0 if report.submitted or report.working else empty + 1
             if empty >= MAX_EMPTY_PASSES:
                 raise RuntimeError(f"{pending} pages are pending but no request of theirs was spooled in "
                                    f"{empty} passes (the batch folder {engine.folder} is not writable?)")
             if report.working and not o.wait:
-                raise TryLater(_later(o, report))
+                raise TryLater(_later(place, report))
     finally:
         driver.close()
 
 
-def _later(o: Any, report: Any) -> str:
-    return (f"pagemill: run {o.run_id}: {report.working} batches working; exit 75: run the same command "
-            f"with --run-id {o.run_id} later to collect them (or add --wait)")
+def _later(place: RunPlace, report: Any) -> str:
+    return (f"pagemill: run {place.run_id}: {report.working} batches working; exit 75: run the same command "
+            f"with --run-id {place.run_id} later to collect them (or add --wait)")
 
 
-def _say(o: Any, report: Any, what: str) -> None:
+def _say(place: RunPlace, report: Any, what: str) -> None:
     from pipelines.run.run_log import screen_err  # the screen, not the run's log (the run is under way)
 
-    print(f"pagemill: run {o.run_id}: batches {what}: {report.working} working, {report.batches} created "
+    print(f"pagemill: run {place.run_id}: batches {what}: {report.working} working, {report.batches} created "
           f"({report.submitted} requests), {report.collected} collected, {report.resubmitted} requests resubmitted, "
           f"{report.failed} failed", file=screen_err(), flush=True)
 

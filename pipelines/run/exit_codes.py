@@ -7,6 +7,7 @@ after every row is written, and agrees with what a query of the tables would say
 |     break an invariant (a key with two rows) |
 | 2 | usage or pre-flight error: nothing ran (decided in pipelines/cli.py before the pipeline) |
 | 3 | the model could not be used at all: every page that reached it failed with `engine_error` |
+| 75 | hosted batches still working (EX_TEMPFAIL: try again later; decided in pipelines/run/batches.py) |
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from schemas.reasons import ENGINE_ERROR, SYSTEM_REASONS
 from schemas.statuses import MODEL_ANSWERED
 
 OK, FAILED, USAGE, MODEL_UNUSABLE = 0, 1, 2, 3
+TRY_LATER = 75  # EX_TEMPFAIL (sysexits.h): cron wrappers and schedulers read it as "run again later"
 
 
 def exit_code(counts: Mapping[str, Any], max_failed_fraction: float) -> tuple[int, str]:

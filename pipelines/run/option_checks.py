@@ -37,10 +37,12 @@ def check_options(o: Any) -> list[str]:
         if getattr(o, name) < 0:
             problems.append(f"--{name.replace('_', '-')} {getattr(o, name):g} is negative (0 turns it off)")
     problems += engine_problems(o)
+    problems += device_plan_problems(o)
     problems += local_path_problems(o)
     from transforms.store.iceberg import catalog_problems
 
-    problems += catalog_problems(o.catalog, o.output or "", o.catalog_property or (), o.catalog_namespace)
+    problems += catalog_problems(o.catalog, o.output or "", o.catalog_property or (), o.catalog_namespace,
+                                 bool(o.catalog_allow_http))
     if not o.extract:
         return problems
     looks_local = o.model.startswith(("/", "./", "../", "~")) or o.model.count("/") != 1
@@ -122,6 +124,26 @@ def local_path_problems(o: Any) -> list[str]:
             for flag, path in local_paths(o) if not shared(path, o.shared_filesystem or [])]
 
 
+def device_plan_problems(o: Any) -> list[str]:
+    """--devices on a run whose vLLM engines run on this machine: a plan it cannot make (more engines than GPUs,
+    or than cores on a CPU; an id it does not see). Elsewhere the plan is made on each worker's machine."""
+    from apache_beam.options.pipeline_options import PortableOptions, StandardOptions
+
+    from pipelines.config.engine import reads_model_folder
+    from transforms.engines.devices.plan import machine_plan, spec_problem
+
+    portable = o.view_as(PortableOptions)
+    if (spec_problem(str(o.devices)) or not o.extract or not reads_model_folder(o)
+            or workers_elsewhere(o.view_as(StandardOptions).runner, portable.environment_type,
+                                 portable.job_endpoint) is not None):
+        return []
+    try:
+        machine_plan(str(o.devices), o.tensor_parallel_size)
+    except ValueError as err:
+        return [str(err)]
+    return []
+
+
 def endpoint_option_problems(o: Any) -> list[str]:
     """`--engine openai`'s options, then the endpoint itself (pipelines/run/preflight.py)."""
     if not o.endpoint:
@@ -131,11 +153,17 @@ def endpoint_option_problems(o: Any) -> list[str]:
     if o.concurrency < 1 or o.request_timeout_s <= 0:
         return ["--concurrency must be at least 1 and --request-timeout-s over 0"]
     names = load_price_names()
-    if o.endpoint_kind == "hosted" and o.api_price not in names:
+    from pipelines.config.engine import uses_batches
+
+    batch = uses_batches(o)
+    if batch and (o.batch_max_requests < 1 or o.batch_max_resubmits < 0):
+        return ["--batch-max-requests must be at least 1 and --batch-max-resubmits at least 0"]
+    if (o.endpoint_kind == "hosted" or batch) and o.api_price not in names:
         return [f"--api-price {o.api_price}: not in schemas/prices.json ({', '.join(names)})"]
+    from pipelines.config.engine import endpoint_auth
     from pipelines.run.preflight import check_endpoint
 
-    problem = check_endpoint(o.endpoint, o.model, o.api_key_env)
+    problem = check_endpoint(o.endpoint, o.model, o.api_key_env, endpoint_auth(o))
     return [problem] if problem else []
 
 

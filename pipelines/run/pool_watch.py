@@ -72,12 +72,14 @@ def reachable(address: tuple[str, int], timeout_s: float = CONNECT_TIMEOUT_S) ->
 
 class PoolWatch:
     """While the `with` block runs, polls `address`; after `lost_after_s` without an answer calls `on_lost`
-    (the job's cancel) once and keeps why in `lost`. A None address watches nothing."""
+    (the job's cancel) once and keeps why in `lost`. A None address watches nothing. `clock` measures the
+    silence (a test's own clock makes it deterministic)."""
 
     def __init__(self, address: tuple[str, int] | None, on_lost: Callable[[], Any], poll_s: float = POLL_S,
-                 lost_after_s: float = LOST_AFTER_S, probe: Callable[[tuple[str, int]], bool] = reachable) -> None:
-        self.address, self.on_lost, self.poll_s, self.lost_after_s, self.probe = (
-            address, on_lost, poll_s, lost_after_s, probe)
+                 lost_after_s: float = LOST_AFTER_S, probe: Callable[[tuple[str, int]], bool] = reachable,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.address, self.on_lost, self.poll_s, self.lost_after_s, self.probe, self.clock = (
+            address, on_lost, poll_s, lost_after_s, probe, clock)
         self.lost: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -95,7 +97,7 @@ class PoolWatch:
             if self.probe(self.address):
                 silent_since = None
                 continue
-            now = time.monotonic()
+            now = self.clock()
             silent_since = now if silent_since is None else silent_since
             if now - silent_since >= self.lost_after_s:
                 host, port = self.address

@@ -34,15 +34,28 @@ class Progress:
     waves: int | None = None
 
 
+def device_rates(before: dict[str, int], now: dict[str, int], seconds: float) -> str:
+    """Pure: each engine's pages/s since `before` when there are several, e.g. ` (devices: 0 10.1, 1 9.8 pages/s)`;
+    '' for one engine or none."""
+    if len(now) < 2:
+        return ""
+    rates = ", ".join(f"{d} {(n - before.get(d, 0)) / max(seconds, 1e-9):.1f}" for d, n in now.items())
+    return f" (devices: {rates} pages/s)"
+
+
 def progress_line(p: Progress) -> str:
-    """Pure: e.g. `wave 2/8: 1500/8000 documents, 1620 pages, 40.0 pages/s, ETA 160 s`."""
+    """Pure: e.g. `wave 2/8: 1500/8000 documents, 1620 pages, 40.0 pages/s, ETA 160 s` (`ETA unknown` until this
+    invocation has done a page)."""
     seconds = max(p.seconds, 1e-9)
     rate = (p.pages - p.pages_before) / seconds
     line = f"{p.documents}/{p.listed} documents" if p.listed is not None else f"{p.documents} documents"
     line += f", {p.pages} pages, {rate:.1f} pages/s"
     doc_rate = (p.documents - p.documents_before) / seconds
-    if p.listed is not None and doc_rate > 0 and p.listed > p.documents:
-        line += f", ETA {(p.listed - p.documents) / doc_rate:.0f} s"
+    if p.listed is not None and p.listed > p.documents:
+        # Only once this invocation has done pages: documents that end before the model (rejected, duplicate)
+        # finish fast, and an ETA from them alone only grows with the clock while no page is done.
+        measured = p.pages > p.pages_before and doc_rate > 0
+        line += f", ETA {(p.listed - p.documents) / doc_rate:.0f} s" if measured else ", ETA unknown"
     if p.wave is not None and p.waves is not None:
         line = f"wave {p.wave + 1}/{p.waves}: {line}"
     return line
@@ -85,11 +98,14 @@ class ProgressWatcher:
 
     def __init__(self, output: str, tenant: str, run_id: str, every_s: float, listed: int | None = None,
                  waves: int | None = None, out: IO[str] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 devices: Callable[[], dict[str, int]] | None = None) -> None:
         self.documents = RowCounter(output, "documents", tenant, run_id)
         self.pages = RowCounter(output, "pages", tenant, run_id)
         self.every_s, self.listed, self.waves, self.wave = every_s, listed, waves, None
         self.out, self.clock = out, clock
+        self.devices = devices  # each engine's pages answered so far (the engine service's figures), or None
+        self.devices_before = devices() if devices is not None and every_s > 0 else {}
         self.lines = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -102,7 +118,16 @@ class ProgressWatcher:
                         pages_before=self.before[1], wave=self.wave, waves=self.waves)
 
     def report(self) -> None:
-        print("pagemill: " + progress_line(self.now()), file=self.out or sys.stderr, flush=True)
+        out = self.out or sys.stderr
+        now = self.now()
+        line = "pagemill: " + progress_line(now)
+        if self.devices is not None:  # several engines: each one's rate
+            line += device_rates(self.devices_before, self.devices(), now.seconds)
+        if out.isatty():  # a terminal: the line is redrawn in place (pipelines/run/run_log.py Screen ends it)
+            out.write(f"\r{line}\x1b[K")
+            out.flush()
+        else:  # a scheduler's log: a line each interval
+            print(line, file=out, flush=True)
         self.lines += 1
 
     def _loop(self) -> None:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import datetime as dt
 import sys
 import time
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from schemas import layout
+from schemas.run_place import RunPlace
 
 SINCE_LAST_RUN_OVERLAP_S = 3600
 
@@ -19,101 +22,153 @@ def run(options: Any, storage: Any) -> int:
 
     from pipelines.config.options import PagemillOptions, check_identifiers, new_run_id
     from pipelines.config.storage import configure
-    from pipelines.run.exit_codes import exit_code
-    from pipelines.run.local_workers import resolve_local_workers, small_run, usable_cores
     from pipelines.run.preflight import preflight
-    from pipelines.run.progress import ProgressWatcher
-    from pipelines.run.retries import settle
-    from pipelines.run.settings import settings_from_options, with_resolved_engine
-    from pipelines.run.waves import bound_listing, listing_for, run_waves
-    from pipelines.tables.manifest import build_manifest, manifest_options, run_counts, write_manifest
-    from transforms.store.compaction import clear_run
-    from transforms.store.files import run_tenants
-    from transforms.store.listing_file import ListingChanged, clear_listing
+    from pipelines.run.run_log import log_file, run_log
+    from pipelines.run.settings import settings_from_options
+    from pipelines.run.waves import bound_listing
 
     o = options.view_as(PagemillOptions)
     job_name = options.view_as(GoogleCloudOptions).job_name
     # Identifiers become paths under the output root: checked before anything (even pre-flight) runs.
     problems = check_identifiers(o, job_name) + layout.root_problems(o.output)
-    o.run_id = o.run_id or new_run_id()  # the machine engine's folder in the settings is named after it
+    # Which run, made once (the machine engine's folder in the settings is named after its id); the options keep
+    # what was given.
+    place = RunPlace(o.output, o.tenant, o.run_id or new_run_id())
     built: Any = problems
     if not problems:
         configure(storage)
-        built = settings_from_options(o)  # checked, loaded and built in one pass: nothing is written if bad
+        built = settings_from_options(o, place=place)  # checked, loaded and built in one pass: nothing written if bad
         problems = built if isinstance(built, list) else preflight(o.input, o.output, storage)
     # A listing an earlier invocation left is reused only if it is this run's: same --input, files unchanged.
-    found, refused = (None, []) if problems else bound_listing(o)
+    found, refused = (None, []) if problems else bound_listing(o, place)
     problems = problems or refused
     if problems:
         for problem in problems:
             print(f"pagemill run: {problem}", file=sys.stderr)
         return 2
+    log = log_file(place.output, place.tenant, place.run_id)  # the libraries' and engines' lines (run_log.py)
+    with run_log(log, bool(o.verbose), f"run {place.run_id}") as screen:
+        return _run(options, o, storage, built, found, job_name, screen.log or log, screen)
+
+
+def _run(options: Any, o: Any, storage: Any, built: Any, found: Any, job_name: str | None, log: Any,
+         screen: Any) -> int:
+    """The run itself, once checked: pagemill's lines go to `screen`, everything else to the `log` file."""
+    from pipelines.config.engine import with_log_file
+    from pipelines.run.exit_codes import exit_code
+    from pipelines.run.local_workers import decides_workers, resolve_local_workers, small_listing, usable_cores
+    from pipelines.run.progress import ProgressWatcher
+    from pipelines.run.retries import settle
+    from pipelines.run.run_log import print_tail, publish
+    from pipelines.run.settings import with_resolved_engine
+    from pipelines.run.waves import listing_for, run_waves
+    from pipelines.tables.manifest import build_manifest, manifest_options, run_counts, write_manifest
+    from transforms.engines.vllm_machine.stats import engine_figures, pages_by_device
+    from transforms.store.compaction import clear_run
+    from transforms.store.files import misfiled_run_files, run_tenants
+    from transforms.store.listing_file import ListingChanged, clear_listing
+
+    place = built.place  # which run (schemas/run_place.py), made once by `run`
     since, until = listing_window(o, job_name, storage)
-    commits = run_commits(o, storage)
+    commits = run_commits(o, place, storage)
+    refused = commits and commits.refusal()  # a catalog that names a class to run, a table not pagemill's
+    if refused:
+        print(f"pagemill run: --catalog: {refused}", file=screen.err)
+        return 2
     if o.force:
-        clear_run(o.output, o.tenant, o.run_id)
-        clear_listing(layout.listing_folder(o.output, o.tenant, o.run_id))
+        clear_run(place.output, place.tenant, place.run_id)
+        clear_listing(place.listing_folder())
         if commits is not None:
             commits.cleared()  # the catalog must not point at the files just deleted
     # A run id is the tenant's own: only its own partitions make this a resume (docs/safety.md).
-    resuming = o.tenant in run_tenants(o.output, o.run_id, o.tenant)
-    before = run_counts(o.output, o.run_id, storage, o.tenant) if resuming else None
+    resuming = place.tenant in run_tenants(place.output, place.run_id, place.tenant)
+    before = run_counts(place.output, place.run_id, storage, place.tenant) if resuming else None
     started = dt.datetime.now(dt.UTC)
-    run = {"run_id": o.run_id, "tenant": o.tenant, "created_at": started}
+    run = {"run_id": place.run_id, "tenant": place.tenant, "created_at": started}
     verb = "resuming" if before else "reading"
-    print(f"pagemill: run {o.run_id}: {verb} {', '.join(o.input)}", file=sys.stderr, flush=True)
+    print(f"pagemill: run {place.run_id}: {verb} {', '.join(o.input)}", file=screen.err, flush=True)
     t0 = time.perf_counter()
-    listing = listing_for(o, since, until, found)
+    listing = listing_for(o, place, since, until, found)
     # The listing tells a small run before any worker starts; the engine's service follows the workers.
-    resolve_local_workers(options, usable_cores(), listing is not None and small_run(listing.objects, listing.bytes))
+    # Its pages are counted only when the run chooses its workers and the listing is small by objects and bytes.
+    cores = usable_cores()
+    small = listing is not None and decides_workers(options) and cores > 1 and small_listing(listing, built)
+    resolve_local_workers(options, cores, small)
     settings = with_resolved_engine(built, o)  # the `vllm` alias follows the resolved workers
-    watcher = ProgressWatcher(o.output, o.tenant, o.run_id, o.progress_every_s, listing and listing.objects,
-                              listing and listing.waves)
+    settings = replace(settings, engine=with_log_file(settings.engine, str(log)))  # its services' lines too
+    service = getattr(settings.engine, "service_dir", None)  # the machine's engine service: its engines' figures
+    from pipelines.config.engine import uses_batches
+
+    batched = uses_batches(o)
+    from pipelines.run.batches import TryLater, batch_waves, manifest_batches
+    from pipelines.run.exit_codes import TRY_LATER
+    watcher = ProgressWatcher(place.output, place.tenant, place.run_id, o.progress_every_s, listing and listing.objects,
+                              listing and listing.waves, out=screen.err,
+                              devices=service and partial(pages_by_device, service))
     try:
         with watcher:
-            waves, metrics = run_waves(options, settings, run, listing, since, until, o.force,
-                                       on_wave=lambda wave: setattr(watcher, "wave", wave), commits=commits)
+            def ran() -> Any:
+                return run_waves(options, settings, run, listing, since, until, o.force,
+                                 on_wave=lambda wave: setattr(watcher, "wave", wave), commits=commits)
+            # A hosted batch's run passes as often as its batches need (pipelines/run/batches.py).
+            waves, metrics = (batch_waves(o, settings.engine, run, storage, listing, ran, place=place) if batched
+                              else ran())
+    except TryLater as later:  # batches working: exit 75, nothing lost
+        print(later, file=screen.err)
+        return TRY_LATER
     except ListingChanged as err:  # a wave file rewritten while the run went on: nothing of it was read
-        print(f"pagemill run: {err}", file=sys.stderr)
+        print(f"pagemill run: {err}", file=screen.err)
         return 2
     except Exception as err:  # noqa: BLE001 - one clear line; the runner has logged the traceback
         from pipelines.run.failure import run_failure
 
         # Not finished: no manifest (a `--since-last-run` nightly must not start after this run), and
         # the rows written so far stay for the resume.
-        print(f"pagemill: run {o.run_id} failed: {run_failure(err)}; the rows written so far are kept: "
-              f"fix the cause and run the same command with --run-id {o.run_id} to resume", file=sys.stderr)
+        print(f"pagemill: run {place.run_id} failed: {run_failure(err)}; the rows written so far are kept: "
+              f"fix the cause and run the same command with --run-id {place.run_id} to resume", file=screen.err)
+        print_tail(log, screen.err, "the run failed")
         return 1
     wall = time.perf_counter() - t0
-    counts, retried = settle(o.output, o.tenant, o.run_id, storage)
+    # With a catalog, the files a compaction replaced stay for the snapshots that name them (`pagemill expire`).
+    counts, retried = settle(place.output, place.tenant, place.run_id, storage, keep_replaced=commits is not None)
     if commits is not None:
         try:  # a run without waves commits once, here; with waves, only what the compaction changed
             commits.run_settled(counts["errors"], wave=0 if listing is None else None)
         except Exception as err:  # noqa: BLE001 - one clear line
             from pipelines.run.failure import run_failure
 
-            print(f"pagemill: run {o.run_id}: the catalog commit failed: {run_failure(err)}; the rows are written: "
-                  f"run the same command with --run-id {o.run_id} to commit them", file=sys.stderr)
+            print(f"pagemill: run {place.run_id}: the catalog commit failed: {run_failure(err)}; the rows are written: "
+                  f"run the same command with --run-id {place.run_id} to commit them", file=screen.err)
             return 1
-    manifest = build_manifest(o.run_id, manifest_options(options), counts, metrics, started, dt.datetime.now(dt.UTC))
+    recorded = {**manifest_options(options), "run_id": place.run_id}  # the run's id, given or made
+    manifest = build_manifest(place.run_id, recorded, counts, metrics, started, dt.datetime.now(dt.UTC))
     code, why = exit_code(counts, o.max_failed_fraction)  # rows are written: now judge them
     manifest.update(resumed=bool(before), exit_code=code, exit_reason=why, retried_rows=retried,
                     waves=waves.as_dict(), this_invocation=invocation(counts, before),
-                    listing=listing and listing.record(), catalog=commits and commits.record())
-    uri = write_manifest(o.output, o.tenant, o.run_id, manifest)
-    print(summary(counts, wall, o.output, uri, manifest["this_invocation"], waves))
+                    listing=listing and listing.record(), catalog=commits and commits.record(),
+                    engines=engine_figures(service) if service else [],
+                    **({"batches": manifest_batches(settings.engine)} if batched else {}),
+                    misfiled_files=misfiled_run_files(place.output, place.tenant, place.run_id))
+    for path, why in manifest["misfiled_files"].items():  # never read, committed or compacted (part_check.py)
+        print(f"pagemill run: warning: {path} is not this run's: {why}", file=screen.err)
+    uri = write_manifest(place.output, place.tenant, place.run_id, manifest)
+    shown = publish(log, uri)  # an object store's copy beside the manifest, now that the run is finished
+    print(summary(counts, wall, place.output, uri, manifest["this_invocation"], waves, shown), file=screen.out)
     if o.write_markdown:
         from pipelines.run.markdown_files import write_markdown
 
-        written = write_markdown(o.output, o.tenant, o.run_id, storage)
-        print(f"  markdown: {written} documents under {layout.markdown_folder(o.output, o.tenant)}/")
+        written = write_markdown(place.output, place.tenant, place.run_id, storage)
+        folder = layout.markdown_folder(place.output, place.tenant)
+        print(f"  markdown: {written} documents under {folder}/", file=screen.out)
     for error in counts["errors"]:
-        print(f"pagemill run: error: {error}", file=sys.stderr)
-    print(f"pagemill: exit {code}: {why}", file=sys.stderr if code else sys.stdout)
+        print(f"pagemill run: error: {error}", file=screen.err)
+    if code == 3:  # the model could not be used: the engine's own words say why
+        print_tail(log, screen.err, "the model could not be used")
+    print(f"pagemill: exit {code}: {why}", file=screen.err if code else screen.out)
     return code
 
 
-def run_commits(o: Any, storage: Any) -> Any:
+def run_commits(o: Any, place: RunPlace, storage: Any) -> Any:
     """`--catalog`: the run's Iceberg commits (pipelines/run/commits.py), or None."""
     from transforms.store.iceberg import catalog_config
 
@@ -122,7 +177,7 @@ def run_commits(o: Any, storage: Any) -> Any:
         return None
     from pipelines.run.commits import Commits
 
-    return Commits(config, o.output, storage, o.tenant, o.run_id)
+    return Commits(config, place.output, storage, place.tenant, place.run_id)
 
 
 def invocation(counts: dict[str, Any], before: dict[str, Any] | None) -> dict[str, int]:
@@ -164,7 +219,7 @@ def listing_window(o: Any, job_name: str | None, storage: Any) -> tuple[float | 
 
 
 def summary(counts: dict[str, Any], wall: float, output: str, manifest_uri: str,
-            this: dict[str, int] | None = None, waves: Any = None) -> str:
+            this: dict[str, int] | None = None, waves: Any = None, log: Any = None) -> str:
     """The closing lines: what this invocation did (`this`, from `invocation`), then what the run holds."""
     pages = counts["totals"]["pages"]
     did = this or {"documents": counts["documents"], "pages": pages, "model_calls": counts["totals"]["model_calls"]}
@@ -185,5 +240,7 @@ def summary(counts: dict[str, Any], wall: float, output: str, manifest_uri: str,
         lines.append(f"  ERRORS:   {len(counts['errors'])} (the run's tables break an invariant; see below)")
     lines.append(f"  tables:   {output.rstrip('/')}/{{documents,pages,ledger}}/tenant={counts.get('tenant')}/  "
                  f"manifest: {manifest_uri}")
+    if log is not None:
+        lines.append(f"  log:      {log}  (vLLM, torch, Beam and the other libraries' lines; --verbose shows them)")
     lines.append(f"  query:    pagemill sql --output {output} \"SELECT outcome, count(*) FROM documents GROUP BY 1\"")
     return "\n".join(lines)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipelines.config.engine import engine_settings, max_in_flight, model_route, resolved_engine, vllm_settings
 from pipelines.run.option_checks import check_options, epoch
+from schemas.run_place import RunPlace
 from transforms.document_work.timed import RenderLimits
 from transforms.extract.config import ExtractConfig
 from transforms.hints.choose import HintSettings
@@ -43,8 +44,7 @@ class RunSettings:
     inputs: tuple[str, ...]  # --input patterns
     # --modified-since, --modified-until (epoch s); a run narrows it by --since-last-run (run.listing_window)
     window: tuple[float | None, float | None]
-    output: str
-    tenant: str
+    place: RunPlace  # which run: output root, tenant, run id (made once, schemas/run_place.py)
     read: ReadConfig  # how intake and rendering read input objects (S3 retries, keys)
     intake: IntakeLimits
     limits: RenderLimits  # the document and page time limits (0: off); intake's page count uses the first
@@ -59,6 +59,14 @@ class RunSettings:
     flush: FlushPolicy
     progress_every_s: float
 
+    @property
+    def output(self) -> str:
+        return self.place.output
+
+    @property
+    def tenant(self) -> str:
+        return self.place.tenant
+
 
 @dataclass(frozen=True)
 class Loaded:
@@ -70,13 +78,14 @@ class Loaded:
     rule: ImageTokenRule
 
 
-def settings_from_options(o: PagemillOptions, *, checks: bool = True,
-                          extract: bool | None = None) -> RunSettings | list[str]:
+def settings_from_options(o: PagemillOptions, *, checks: bool = True, extract: bool | None = None,
+                          place: RunPlace | None = None) -> RunSettings | list[str]:
     """Check, load and build in one pass: the run's settings, or the problems that stop it (one line each, the
-    run exits 2 before anything is written). Call it once the run id is set (the machine engine's folder is named
-    after it). `checks=False`: only what the build itself loads is checked (the estimate, tests and benchmarks: no
-    endpoint, paths, catalog or safety lists of a run). `extract`: build the extraction settings or not
-    (default --extract; the estimate wants what a run that extracts would use even with --extract false)."""
+    run exits 2 before anything is written). `place`: which run (made once by the run, its id new unless --run-id
+    names one: the machine engine's folder is named after it; default the options', with --run-id or none).
+    `checks=False`: only what the build itself loads is checked (the estimate, tests and benchmarks: no endpoint,
+    paths, catalog or safety lists of a run). `extract`: build the extraction settings or not (default --extract;
+    the estimate wants what a run that extracts would use even with --extract false)."""
     safety = safety_config(o)
     problems = check_options(o) if checks else []
     if checks:
@@ -89,13 +98,14 @@ def settings_from_options(o: PagemillOptions, *, checks: bool = True,
         problems += load_problems + (output_problems(o, loaded) if checks else [])
     if problems:
         return problems
-    render, hints, engine = render_settings(o), hint_settings(o), engine_settings(o)
+    place = place or RunPlace(o.output, o.tenant, o.run_id or "")
+    render, hints, engine = render_settings(o), hint_settings(o), engine_settings(o, place.run_id)
     extract_settings = None
     if loaded is not None:
         extract_settings = extract_config(o, loaded, render_key(render, safety, hints, o))
     return RunSettings(
-        inputs=tuple(o.input or ()), window=(epoch(o.modified_since), epoch(o.modified_until)), output=o.output,
-        tenant=o.tenant, read=read_config(o),
+        inputs=tuple(o.input or ()), window=(epoch(o.modified_since), epoch(o.modified_until)), place=place,
+        read=read_config(o),
         intake=IntakeLimits(max_bytes=o.max_bytes, max_pages=o.max_pages, max_image_pixels=o.max_image_pixels),
         limits=RenderLimits(document_timeout_s=o.document_timeout_s, page_timeout_s=o.page_timeout_s),
         render_range_pages=o.render_range_pages, render=render, safety=safety, hints=hints, engine=engine,
@@ -115,7 +125,7 @@ def with_resolved_engine(s: RunSettings, o: PagemillOptions) -> RunSettings:
     """The engine slot again once the run's local workers are resolved (`--workers 0`: a small run goes in
     process, pipelines/run/local_workers.py), which decides the `vllm` alias. Loads nothing; the key is the same
     (render_key keys the model's settings, never the kind). Unchanged when the kind is."""
-    engine = resolved_engine(o, s.engine)
+    engine = resolved_engine(o, s.engine, s.place.run_id)
     return s if engine is s.engine else replace(s, engine=engine)
 
 
@@ -150,6 +160,12 @@ def output_problems(o: PagemillOptions, loaded: Loaded | None) -> list[str]:
         # The served engine sends a JSON schema as response_format; markdown prompts are the vLLM engines'.
         problems.append(f"--schema {o.schema}: markdown output needs --engine vllm "
                         "(served endpoints take JSON schemas)")
+    if o.evidence_quotes:  # the model quotes the values of a JSON answer (transforms/model/quotes.py)
+        from transforms.model import quotes
+
+        why = ["markdown output has no fields to quote"] if loaded.markdown is not None else \
+            quotes.problems(loaded.schema.schema)
+        problems += [f"--evidence-quotes with --schema {o.schema}: {w}" for w in why]
     return problems
 
 
@@ -205,4 +221,5 @@ def extract_config(o: PagemillOptions, loaded: Loaded, key: str) -> ExtractConfi
                          max_model_len=o.max_model_len, max_tokens=o.max_tokens, max_attempts=o.max_attempts,
                          max_in_flight=max_in_flight(o), prompt_layout=o.prompt_layout,
                          answer_timeout_s=o.answer_timeout_s, gpu_hourly_usd=o.gpu_hourly_usd, api_price=o.api_price,
+                         evidence_quotes=o.evidence_quotes,
                          prices=load_prices(), route=model_route(o))

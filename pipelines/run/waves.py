@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.run.pool_watch import pool_address, wait_for_job
-from schemas import layout
+from schemas.run_place import RunPlace
 from transforms.store.listing_file import (
     Listing,
     ListingChanged,
@@ -105,24 +105,27 @@ def changed_message(listing: Listing, waves: list[int]) -> str:
             f"{listing.folder}: not the files it records); {RELIST}")
 
 
-def bound_listing(o: Any) -> tuple[Listing | None, list[str]]:
+def bound_listing(o: Any, place: RunPlace | None = None) -> tuple[Listing | None, list[str]]:
     """An earlier invocation's listing of this run, if it may be reused: (it, []); (None, []) when there is
     none to reuse (none written whole, `--force`, `--wave-objects 0`); (None, [why]) when it records other
-    inputs, none, or wave files that changed since: the run must not start (exit 2)."""
+    inputs, none, or wave files that changed since: the run must not start (exit 2). `place`: the run's
+    (default the options' --output, --tenant and --run-id)."""
     from transforms.intake.bounds import normalised_inputs
 
     if o.wave_objects <= 0 or o.force:
         return None, []
-    listing = read_listing(layout.listing_folder(o.output, o.tenant, o.run_id))
+    place = place or RunPlace(o.output, o.tenant, o.run_id)
+    listing = read_listing(place.listing_folder())
     if listing is None:
         return None, []
-    problem = listing_refusal(listing, normalised_inputs(o.input or ()), o.run_id)
+    problem = listing_refusal(listing, normalised_inputs(o.input or ()), place.run_id)
     if problem is None and (changed := changed_waves(listing)):
         problem = changed_message(listing, changed)
     return (None, [problem]) if problem else (listing, [])
 
 
-def listing_for(o: Any, since: float | None, until: float | None, found: Listing | None = None) -> Listing | None:
+def listing_for(o: Any, place: RunPlace, since: float | None, until: float | None,
+                found: Listing | None = None) -> Listing | None:
     """The run's durable listing: `found` (`bound_listing`'s, checked), else listed now and written, in a
     folder emptied first (nothing left of an unfinished listing, such as a `.done` marker, may count). None
     with `--wave-objects 0`."""
@@ -133,7 +136,7 @@ def listing_for(o: Any, since: float | None, until: float | None, found: Listing
     from transforms.intake.bounds import normalised_inputs
     from transforms.intake.listing import list_matching
 
-    folder = layout.listing_folder(o.output, o.tenant, o.run_id)
+    folder = place.listing_folder()
     clear_listing(folder)
     return write_listing(folder, list_matching(o.input or (), since, until), o.wave_objects,
                          normalised_inputs(o.input or ()))

@@ -55,6 +55,9 @@ def run_counts(output: str, run_id: str, storage: Any = None, tenant: str = "def
                                "GROUP BY 1 ORDER BY 1", params).fetchall()
         doc_reasons = con.execute(f"SELECT reason_code, count(*) FROM documents_all {where} "
                                   "AND reason_code IS NOT NULL GROUP BY 1 ORDER BY 1", params).fetchall()
+        # The evidence table (docs/tables.md): values looked for, found, not found (the rest were not checked).
+        evidence = con.execute("SELECT count(*), count(*) FILTER (WHERE grounded), "
+                               f"count(*) FILTER (WHERE NOT grounded) FROM evidence_all {where}", params).fetchone()
         page_reasons = con.execute(f"SELECT reason_code, count(*) FROM pages_all {where} "
                                    "AND reason_code IS NOT NULL GROUP BY 1 ORDER BY 1", params).fetchall()
         duplicates, errors = {}, []
@@ -78,6 +81,7 @@ def run_counts(output: str, run_id: str, storage: Any = None, tenant: str = "def
                 "pages": totals[0], "image_tokens": totals[1], "text_tokens": totals[2],
                 "output_tokens": totals[3], "gpu_seconds": round(totals[4], 3), "cost_usd": round(totals[5], 6),
                 "api_equivalent_usd": round(totals[6], 6), "model_calls": totals[7],
+                "evidence_values": evidence[0], "evidence_grounded": evidence[1], "evidence_ungrounded": evidence[2],
             },
             "duplicate_keys": duplicates,
             "errors": errors,

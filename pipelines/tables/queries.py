@@ -216,9 +216,33 @@ WHERE {MODEL_L} AND ($run_id IS NULL OR l.run_id = $run_id)
 GROUP BY l.tenant, l.run_id, 3
 ORDER BY l.tenant, l.run_id, cost_usd DESC, stop_reason""")
 
+# The `evidence` table (transforms/model/evidence.py): values the page's words do not show (not made-up for sure:
+# an OCR misread or a value the model computed, like a sum, lands here too; `score` says how near the best match was).
+UNGROUNDED_VALUES = NamedQuery("ungrounded-values", "Extracted values not found on their page: the page, the field "
+                               "path, the value, where it was looked for (text layer or OCR) and the best match's "
+                               "score.", """
+SELECT e.tenant, e.run_id, e.source_uri || '#page=' || (e.page_index + 1) AS page, e.schema_id, e.field_path,
+       e.value, e.method, e.score
+FROM evidence e
+WHERE e.grounded = false AND ($run_id IS NULL OR e.run_id = $run_id)
+ORDER BY e.tenant, e.run_id, e.source_uri, e.page_index, e.field_path""")
+
+# The grounded share per field: a line item's fields counted together (`line_items[].amount`).
+GROUNDED_BY_FIELD = NamedQuery("grounded-by-field", "Per run, schema and field: how many values were looked for on "
+                               "their page, the share found there, and the mean score of those found.", """
+SELECT e.tenant, e.run_id, e.schema_id, regexp_replace(e.field_path, '\\[[0-9]+\\]', '[]', 'g') AS field,
+       count(*) AS values_checked, count(*) FILTER (WHERE e.grounded) AS values_grounded,
+       round(avg(CASE WHEN e.grounded THEN 1.0 ELSE 0.0 END), 4) AS grounded_share,
+       round(avg(e.score) FILTER (WHERE e.grounded), 4) AS mean_score
+FROM evidence e
+WHERE e.grounded IS NOT NULL AND ($run_id IS NULL OR e.run_id = $run_id)
+GROUP BY ALL
+ORDER BY e.tenant, e.run_id, e.schema_id, grounded_share, field""")
+
 QUERIES: Mapping[str, NamedQuery] = MappingProxyType(
     {q.name: q for q in (COST_BY_RUN, REJECT_REASONS, CACHE_SAVINGS, TOKENS_BY_SCHEMA, SLOWEST_DOCUMENTS,
-                         SPEND_BY_VENDOR, UNFIT_VALUES, ANSWER_ENDS)})
+                         SPEND_BY_VENDOR, UNFIT_VALUES, ANSWER_ENDS, UNGROUNDED_VALUES,
+                         GROUNDED_BY_FIELD)})
 
 
 def get(name: str) -> NamedQuery:

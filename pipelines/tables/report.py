@@ -177,7 +177,7 @@ def collect(output: str, storage: StorageConfig | None = None, run_id: str | Non
     finally:
         con.close()
     named = {name: _named(output, storage, name, run_id, tenant)
-             for name in ("cost-by-run", "cache-savings", "reject-reasons", "answer-ends")}
+             for name in ("cost-by-run", "cache-savings", "reject-reasons", "answer-ends", "grounded-by-field")}
     accuracy = accuracy_section(output, tenant, run_id, routes)
     return {"run_id": run_id, "tenant": tenant, "output": output,
             "generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -186,7 +186,10 @@ def collect(output: str, storage: StorageConfig | None = None, run_id: str | Non
             "reasons": [{"label": f"{r['level']}: {r['reason_code']}", "value": r["n"], "note": r["example"]}
                         for r in named["reject-reasons"]],
             "cost": named["cost-by-run"][0] if named["cost-by-run"] else {}, "savings": named["cache-savings"],
-            "answer_ends": answer_ends(named["answer-ends"]), "accuracy": accuracy}
+            "answer_ends": answer_ends(named["answer-ends"]), "accuracy": accuracy,
+            "grounded": grounded_fields(named["grounded-by-field"]),
+            "batches": manifest.get("batches"), "engines": engine_entries(manifest.get("engines")),
+            "wall_seconds": manifest.get("wall_seconds")}
 
 
 def answer_ends(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -196,6 +199,19 @@ def answer_ends(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
              "note": f"${r['cost_usd'] or 0:,.6f}, {r['output_tokens'] or 0:,} output tokens, "
                      f"{100 * (r['cost_share'] or 0):.0f}% of the model cost; {r['cached_prompt_tokens'] or 0:,} "
                      f"of {r['prompt_tokens'] or 0:,} prompt tokens from the prefix cache"} for r in rows]
+
+
+def grounded_fields(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Pure: the `grounded-by-field` query's rows (one run's) as bars: the share of each field's values found on
+    their page (the `evidence` table), and the run's total."""
+    several = len({r["schema_id"] for r in rows}) > 1
+    fields = [{"label": f"{r['schema_id']}: {r['field']}" if several else str(r["field"]),
+               "value": 100 * (r["grounded_share"] or 0.0),
+               "note": f"{r['values_grounded']:,} of {r['values_checked']:,} found"
+                       + (f", mean score {r['mean_score']:.2f}" if r["mean_score"] is not None else "")}
+              for r in rows]
+    return {"values": sum(r["values_checked"] for r in rows), "found": sum(r["values_grounded"] for r in rows),
+            "fields": fields}
 
 
 ROUTE_OF_STATUS = {OK: "model", INVALID: "model", CACHED: "cache", DUPLICATE: "duplicate"}
@@ -257,9 +273,43 @@ def summary_rows(data: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("answers ended", ", ".join(f"{e['value']:,} {e['label']} (${e['cost_usd']:,.6f})" for e in ends) +
                      f"; prompt tokens from the prefix cache: {cached:,} of {prompt:,} "
                      f"({100 * cached / prompt if prompt else 0:.0f}%)"))
+    b = data.get("batches")
+    if b:  # --engine openai_batch: the provider's batches as it reported them (pipelines/run/batches.py)
+        rows.append(("hosted batches", f"{len(b['batches']):,} batches: {b['submitted']:,} requests submitted, "
+                                       f"{b['finished']:,} finished, {b['expired']:,} expired, {b['resubmitted']:,} "
+                                       f"resubmitted, {b['failed']:,} failed; billed {b['billed_prompt_tokens']:,} "
+                                       f"prompt and {b['billed_completion_tokens']:,} completion tokens"))
+    g = data.get("grounded")
+    if g and g["values"]:  # the evidence table: values looked for on their page
+        rows.append(("values found on their page", f"{g['found']:,} of {g['values']:,} "
+                                                    f"({100 * g['found'] / g['values']:.1f}%)"))
+    if data.get("engines"):  # the engine service's engines, one per device (the manifest's `engines`)
+        rows.append(("engines", engine_line(data["engines"], data.get("wall_seconds"))))
     if t["pages_per_s"]:
         rows.append(("throughput", f"{t['pages_per_s']:.2f} pages/s over {t['wall_seconds']:.1f} s of wall time"))
     return rows
+
+
+def engine_entries(value: Any) -> list[dict[str, Any]]:
+    """Pure: the manifest's `engines` entries of the shape pagemill writes (a manifest lies under its tenant's
+    prefix, which the tenant may write: anything else is left out, never a traceback)."""
+    def whole(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    return [e for e in (value if isinstance(value, list) else []) if isinstance(e, dict)
+            and isinstance(e.get("device"), str) and all(whole(e.get(k)) for k in ("pages", "output_tokens", "starts"))
+            and (e.get("busy_fraction") is None or isinstance(e.get("busy_fraction"), int | float))]
+
+
+def engine_line(engines: Sequence[dict[str, Any]], wall_seconds: float | None) -> str:
+    """Pure: each engine's pages (and pages/s over the run's wall time), output tokens, busy fraction and starts."""
+    def one(e: dict[str, Any]) -> str:
+        rate = f" ({e['pages'] / wall_seconds:.2f} pages/s)" if wall_seconds else ""
+        busy = "unknown" if e.get("busy_fraction") is None else f"{100 * e['busy_fraction']:.0f}%"
+        return (f"device {e['device']}: {e['pages']:,} pages{rate}, {e['output_tokens']:,} output tokens, "
+                f"busy {busy}, {e['starts']} start{'s' if e['starts'] != 1 else ''}")
+
+    return "; ".join(one(e) for e in engines)
 
 
 def render_html(data: dict[str, Any]) -> str:

@@ -8,6 +8,8 @@ manifest names (`options.schema`); the versions whose hash the pages carry are u
 DuckDB's `json_transform`: one that does not fit its type is NULL (TRY_CAST's rules), and each row counts
 them (`unfit_values`) and names their columns (`unfit_columns`); `typed_unfit` has one row per such column.
 `typed_views` and `typed_columns` say what each view holds, and where and why a column fell back to JSON.
+Each top-level text, number or date column `<c>` also gets `<c>_grounded` and `<c>_box` (x0, y0, x1, y1) from the
+`evidence` table's row of that field path on the page (null where none: not looked for, or an older run).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from schemas import sql_types
+from schemas import kept_row, sql_types
 from schemas.extraction import SHIPPED_SCHEMAS, SchemaError, local_path, read_user_file, schema_hash
 from schemas.sql_types import SqlType, literal, quote
 from schemas.statuses import OK
@@ -30,12 +32,15 @@ from schemas.statuses import OK
 KEYS = ("tenant", "run_id", "doc_sha256", "source_uri", "page_index", "extracted_at")
 UNFIT_COLUMNS, UNFIT_VALUES, ITEM_INDEX = "unfit_columns", "unfit_values", "item_index"
 WHOLE = "extraction"  # the column of a schema with no properties, and the unfit name of a non-object answer
-RESERVED = ("documents", "pages", "ledger", "documents_all", "pages_all", "ledger_all", "runs", "reason_codes",
-            "typed_views", "typed_columns", "typed_unfit")
+RESERVED = ("documents", "pages", "ledger", "evidence", "documents_all", "pages_all", "ledger_all", "evidence_all",
+            "runs", "reason_codes", "typed_views", "typed_columns", "typed_unfit")
 # Words of a statement that may list or describe the views: it gets every view, as before they were lazy.
 CATALOG = re.compile(r"\b(show|describe|summarize|pragma\w*|information_schema|pg_\w+|sqlite_\w+|duckdb_\w+|"
                      r"typed_views|typed_columns|typed_unfit)\b", re.IGNORECASE)
 _PLANS: dict[str, list[tuple[View, str]]] = {}  # `_statements`, by digest of the schema versions
+# The evidence of a top-level value: its `evidence` row's `grounded` and box (schemas/tables.py EVIDENCE).
+GROUNDED, BOX = "_grounded", "_box"
+EVIDENCE_KEYS = ("tenant", "run_id", "doc_sha256", "page_index")  # a page's key: the `evidence` rows' join
 VIEWS = pa.schema([("view", pa.string()), ("schema_id", pa.string()), ("unnests", pa.string()),
                    ("schema_hashes", pa.list_(pa.string())), ("note", pa.string())])
 
@@ -48,6 +53,15 @@ class Column:
 
 
 @dataclass(frozen=True)
+class Ground:
+    """A column's evidence columns: `grounded` and `box` of the `evidence` row whose field path is `prop`."""
+
+    prop: str
+    grounded: str  # the SQL columns
+    box: str
+
+
+@dataclass(frozen=True)
 class View:
     name: str
     schema_id: str
@@ -55,6 +69,7 @@ class View:
     hashes: tuple[str, ...]  # the schema versions it was typed from
     notes: tuple[str, ...]
     parent: str | None = None  # an item view: the typed view whose list column `columns[0].prop` it unnests
+    grounds: tuple[Ground, ...] = ()  # evidence columns, after the unfit counts
 
 
 def schema_files(manifests: Iterable[str]) -> dict[str, dict[str, Mapping[str, Any]]]:
@@ -115,8 +130,17 @@ def _typed_view(schema_id: str, hashes: set[str], versions: Mapping[str, Mapping
             notes.append(f"property {prop!r}: a name that is empty or has control characters is not a column")
             continue
         columns.append(Column(sql_types.identifier(prop, names), prop, t))
+    # Named after every property's column, so a property `total_grounded` keeps its name.
+    grounds = tuple(Ground(c.prop, sql_types.identifier(c.name + GROUNDED, names),
+                           sql_types.identifier(c.name + BOX, names)) for c in columns if _groundable(c.type))
     return View(sql_types.identifier(schema_id, taken), schema_id, tuple(columns), tuple(sorted(used)),
-                tuple(notes))
+                tuple(notes), grounds=grounds)
+
+
+def _groundable(t: SqlType) -> bool:
+    """A scalar the evidence looks for on the page: text, numbers, dates (not booleans, not JSON: a list's or
+    an object's values are evidence rows of their own paths, `line_items[0].amount`)."""
+    return t.scalar is not None and t.scalar not in (sql_types.JSON, "BOOLEAN")
 
 
 def _item_views(view: View, taken: set[str]) -> list[View]:
@@ -147,10 +171,32 @@ def view_sql(view: View) -> str:
     unfit = [(WHOLE, not_object)] + [(name, expr) for name, expr in checked if expr is not None]
     named = ", ".join(f"CASE WHEN {expr} > 0 THEN {literal(name)} END" for name, expr in unfit)
     columns = ", ".join(f"struct_extract(v{batch[c]}, {literal(c.prop)}) AS {quote(c.name)}" for c in view.columns)
+    grounds = "".join(f", struct_extract(g{i}, 'g') AS {quote(g.grounded)}, struct_extract(g{i}, 'b') AS {quote(g.box)}"
+                      for i, g in enumerate(view.grounds))
     return (f"CREATE VIEW {quote(view.name)} AS SELECT {keys}, {columns}, "
             f"list_filter([{named}], lambda c: c IS NOT NULL) AS {UNFIT_COLUMNS}, "
-            f"{_sum([expr for _, expr in unfit])}::BIGINT AS {UNFIT_VALUES} "
-            f"FROM (SELECT *, {parsed} FROM ({source}))")
+            f"{_sum([expr for _, expr in unfit])}::BIGINT AS {UNFIT_VALUES}{grounds} "
+            f"FROM (SELECT *, {parsed} FROM ({source})){_evidence_join(view)}")
+
+
+def _evidence_join(view: View) -> str:
+    """A LEFT JOIN of the view's pages to the `evidence` rows of their top-level values (of the view's schema),
+    pivoted to a row per page: one hash join a view, whatever its number of columns. Each field path's kept row
+    (schemas/kept_row.py) is picked by `arg_max` over its key's rows: a grouped pick that costs a third of the
+    `evidence` view's window (benchmarks/bench_typed_views.py --evidence-pages)."""
+    if not view.grounds:
+        return ""
+    paths = ", ".join(literal(g.prop) for g in view.grounds)
+    found = "{'g': grounded, 'b': CASE WHEN x0 IS NOT NULL THEN {'x0': x0, 'y0': y0, 'x1': x1, 'y1': y1} END}"
+    pivoted = ", ".join(f"arg_max_null(found, k) FILTER (WHERE field_path = {literal(g.prop)}) AS g{i}"
+                        for i, g in enumerate(view.grounds))
+    keys = ", ".join(EVIDENCE_KEYS)
+    rows = (f"SELECT {keys}, field_path, {found} AS found, {kept_row.rank_sql('evidence')} AS k FROM evidence_all "
+            f"WHERE field_path IN ({paths}) AND schema_id = {literal(view.schema_id)}")
+    # Its keys renamed (`ON`, not `USING`): DuckDB then drops the join from a query that reads none of its columns.
+    named = ", ".join(f"{k} AS ev_{k}" for k in EVIDENCE_KEYS)
+    on = " AND ".join(f"{k} = ev_{k}" for k in EVIDENCE_KEYS)
+    return f" LEFT JOIN (SELECT {named}, {pivoted} FROM ({rows}) GROUP BY {keys}) ON {on}"
 
 
 def _batches(columns: tuple[Column, ...]) -> dict[Column, int]:
@@ -319,6 +365,10 @@ def _column_rows(view: View) -> list[dict[str, Any]]:
     if not parent:
         rows += [{"view": view.name, "column": n, "nullable": None, "property": None, "note": None}
                  for n in (UNFIT_COLUMNS, UNFIT_VALUES)]
+    for g in view.grounds:  # read from the `evidence` table, not from the extraction: no property
+        rows += [{"view": view.name, "column": name, "nullable": None, "property": None,
+                  "note": f"evidence of {g.prop!r}: {what} (the evidence table; null: not looked for)"}
+                 for name, what in ((g.grounded, "found on its page"), (g.box, "its box on the page, 0-1"))]
     return rows
 
 

@@ -121,6 +121,8 @@ def test_killed_around_a_commit_each_wave_is_committed_once(tmp_path: Path) -> N
     assert manifest["waves"]["ran"] == 0 and manifest["waves"]["skipped"] == WAVES
     for table in tables.TABLES:
         rows = committed(output, table)
+        if table == "evidence" and not rows:  # a render-only run extracts no values: nothing to commit
+            continue
         assert Counter(keys(rows, table)).most_common(1)[0][1] == 1, table
         assert wave_snapshots(output, table) == Counter(range(WAVES)), table
     assert sorted(r["source_uri"] for r in committed(output, "documents")) == sorted(pages)

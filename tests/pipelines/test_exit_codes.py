@@ -110,6 +110,12 @@ def test_corrupt_weights_exit_3_with_every_document_accounted_for(
         assert (by_name[name]["outcome"], by_name[name]["reason_code"]) == ("failed", "engine_error")
     pages = raw_rows(out, "pages", "bad-model")
     assert len(pages) == 3 and {p["reason_code"] for p in pages} == {"engine_error"}
+    # The cause on the screen: pagemill's line saying the engine could not start (once, though every page tried),
+    # and the engine's own last lines with the path of the log that holds the rest (pipelines/run/run_log.py).
+    log = out / "runs" / "tenant=default" / "bad-model.log"
+    assert f"the last lines of the log {log}:" in captured.err
+    assert captured.err.count("pagemill: error: vLLM engine could not start") == 1
+    assert all(line.startswith(("pagemill: ", "pagemill run: ")) for line in captured.err.splitlines()), captured.err
 
 
 def test_a_pipeline_that_fails_exits_1_keeps_its_rows_and_writes_no_manifest(

@@ -8,11 +8,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from pipelines.run.pool_watch import PoolWatch, WorkerPoolLost, parse_address, wait_for_job, watched_address
+from pipelines.run.pool_watch import PoolWatch, WorkerPoolLost, parse_address, reachable, wait_for_job, watched_address
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,6 +38,20 @@ def test_only_the_embedded_job_services_external_pool_is_watched(runner, endpoin
     assert (watched_address(runner, endpoint, kind, "worker:50000") is not None) is watched
 
 
+@pytest.mark.parametrize(("flags", "address"), [
+    (["--environment_config=worker:50000"], ("worker", 50000)),
+    (["--environment_options=external_service_address=10.0.0.2:50001"], ("10.0.0.2", 50001)),  # Beam's other spelling
+    (["--environment_config=worker:50000", "--job_endpoint=localhost:8099"], None)])
+def test_the_watched_address_comes_from_the_runs_pipeline_options(flags: list[str], address) -> None:
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipelines.run.pool_watch import pool_address
+
+    base = ["--runner=PortableRunner", "--job_endpoint=embed", "--environment_type=EXTERNAL"]
+    assert pool_address(PipelineOptions(base + flags)) == address
+    assert pool_address(PipelineOptions(["--runner=DirectRunner"])) is None
+
+
 def _listening() -> socket.socket:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -44,13 +59,76 @@ def _listening() -> socket.socket:
     return server
 
 
+class Answering:
+    """A pool that answers: a listening socket whose thread accepts every connection (and hangs up)."""
+
+    def __init__(self) -> None:
+        self.server = _listening()
+        self.server.settimeout(0.05)  # to see `stop` (closing a socket does not wake a blocked accept)
+        self.address = self.server.getsockname()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.server.accept()
+            except TimeoutError:
+                continue
+            conn.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(60)
+        self.server.close()
+
+
+class Script:
+    """The watch's probe and clock as the test says: each probe answers the next of `answers` (after them: the
+    pool answers, and `done` is set) and moves the clock on by `step_s`, so what the watch decides depends on
+    the answers alone, not on how fast the machine polls."""
+
+    def __init__(self, answers: list[bool] | None = None, step_s: float = 0.1,
+                 probe: Callable[[tuple[str, int]], bool] | None = None, polls: int = 0) -> None:
+        self.answers, self.step_s, self.real, self.now = list(answers or []), step_s, probe, 0.0
+        self.polls, self.seen, self.done = polls or len(self.answers), [], threading.Event()
+
+    def clock(self) -> float:
+        return self.now
+
+    def probe(self, address: tuple[str, int]) -> bool:
+        self.now += self.step_s
+        answer = self.real(address) if self.real else (self.answers[len(self.seen)]
+                                                        if len(self.seen) < len(self.answers) else True)
+        self.seen.append(answer)
+        if len(self.seen) >= self.polls:
+            self.done.set()
+        return answer
+
+
+def watch_script(script: Script, address: tuple[str, int], lost_after_s: float, cancelled: list[int]) -> PoolWatch:
+    def cancel() -> None:
+        cancelled.append(1)
+        script.done.set()
+
+    with PoolWatch(address, cancel, poll_s=0.001, lost_after_s=lost_after_s, probe=script.probe,
+                   clock=script.clock) as watch:
+        assert script.done.wait(60), "the watch stopped polling"
+    return watch
+
+
 def test_a_pool_that_answers_is_never_lost() -> None:
-    server, cancelled = _listening(), []
+    """A real pool on loopback that accepts every connection, polled 40 times over 4 s of the watch's clock
+    (13 times its 0.3 s bound): never lost. (A socket that listens and never accepts fills its backlog and
+    stops answering: that was this test's pool once.)"""
+    pool, cancelled = Answering(), []
     try:
-        with PoolWatch(server.getsockname(), lambda: cancelled.append(1), poll_s=0.05, lost_after_s=0.3) as watch:
-            time.sleep(1.0)
+        script = Script(probe=reachable, polls=40)
+        watch = watch_script(script, pool.address, 0.3, cancelled)
     finally:
-        server.close()
+        pool.close()
+    assert script.seen[:40] == [True] * 40 and script.now >= 4.0
     assert watch.lost is None and cancelled == []
 
 
@@ -74,13 +152,47 @@ def test_a_pool_that_stops_answering_cancels_the_job_once_and_says_where() -> No
 
 
 def test_a_pool_back_within_the_bound_is_not_lost() -> None:
-    """Silences shorter than the bound do not add up: a pool restarting in place is not lost."""
-    answers = iter([False, False, True] * 20)
-    cancelled = []
-    with PoolWatch(("worker", 1), lambda: cancelled.append(1), poll_s=0.01, lost_after_s=0.5,
-                   probe=lambda address: next(answers, True)) as watch:
-        time.sleep(0.7)
-    assert watch.lost is None and cancelled == []
+    """Silences shorter than the bound do not add up: a pool restarting in place is not lost. Polls 0.1 s apart
+    on the watch's clock, the bound 0.25 s: two missed polls are a silence of 0.1 s (from the first miss to the
+    second), twenty such silences 2 s in all."""
+    cancelled: list[int] = []
+    script = Script([False, False, True] * 10)
+    watch = watch_script(script, ("worker", 1), 0.25, cancelled)
+    assert len(script.seen) >= 30 and watch.lost is None and cancelled == []
+
+
+def test_a_silence_as_long_as_the_bound_is_lost_at_that_poll() -> None:
+    """The same clock: an answer at 0.1 s, then misses at 0.2, 0.3 and 0.4 s are a silence of 0.2 s (< 0.25: not
+    lost); the next miss, at 0.5 s, makes it 0.3 s: lost there, cancelled once, and no poll after it."""
+    cancelled: list[int] = []
+    script = Script([True, False, False, False, False, False, False], polls=99)
+    watch = watch_script(script, ("worker", 1), 0.25, cancelled)
+    assert cancelled == [1] and script.seen == [True, False, False, False, False]
+    assert watch.lost and "worker:1" in watch.lost and "for 0 s" in watch.lost  # 0.3 s, rounded
+
+
+def test_a_cancelled_job_that_returns_normally_is_a_lost_pool() -> None:
+    """Not every runner raises when its job is cancelled: a wait that returns normally after the cancel still
+    fails the wave with WorkerPoolLost (otherwise the wave would be marked done without its rows)."""
+    server = _listening()
+    address = server.getsockname()
+    server.close()
+
+    class ReturnsWhenCancelled:
+        def __init__(self) -> None:
+            self.cancelled = threading.Event()
+
+        def wait_until_finish(self) -> str:
+            assert self.cancelled.wait(120), "never cancelled"
+            return "CANCELLED"
+
+        def cancel(self) -> None:
+            self.cancelled.set()
+
+    job = ReturnsWhenCancelled()
+    with pytest.raises(WorkerPoolLost, match=f"worker pool at 127.0.0.1:{address[1]}"):
+        wait_for_job(job, address, poll_s=0.01, lost_after_s=0.0)  # the first refused connection is the bound
+    assert job.cancelled.is_set()
 
 
 def test_the_launcher_leaves_past_a_runner_thread_that_never_ends() -> None:
@@ -157,3 +269,34 @@ def test_the_run_failure_line_names_the_lost_pool_not_the_cancel() -> None:
     except WorkerPoolLost as lost:
         line = run_failure(lost)
     assert line.startswith("WorkerPoolLost: the worker pool at worker:50000") and "CANCELLED" not in line
+
+
+def test_a_cancel_that_fails_is_logged_with_its_error_and_the_pool_is_still_lost(caplog) -> None:
+    def cancel() -> None:
+        raise RuntimeError("the job service is gone too")
+
+    script = Script([False], polls=1)
+    with caplog.at_level("WARNING", logger="pipelines.run.pool_watch"):
+        with PoolWatch(("worker", 1), cancel, poll_s=0.001, lost_after_s=0.0, probe=script.probe,
+                       clock=script.clock) as watch:
+            assert script.done.wait(60)
+    assert watch.lost and "worker:1" in watch.lost
+    assert [r.getMessage() for r in caplog.records] == [
+        "cancelling the job of a lost worker pool: the job service is gone too"]
+
+
+def test_leaving_the_watch_waits_for_its_poll_in_flight() -> None:
+    """The watch's thread is joined on the way out: a poll that is still connecting when the wave ends has
+    returned by the time the `with` is left (nothing of the watch outlives its wave)."""
+    inside, release, returned = threading.Event(), threading.Event(), threading.Event()
+
+    def slow_probe(address: tuple[str, int]) -> bool:
+        inside.set()
+        release.wait(60)
+        returned.set()
+        return True
+
+    with PoolWatch(("worker", 1), lambda: None, poll_s=0.001, lost_after_s=30.0, probe=slow_probe):
+        assert inside.wait(60)
+        threading.Timer(0.05, release.set).start()  # the poll ends a little after the wave does
+    assert returned.is_set()

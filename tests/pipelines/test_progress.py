@@ -18,7 +18,7 @@ def test_progress_line_has_totals_rate_wave_and_eta() -> None:
     line = progress_line(Progress(documents=60, listed=100, pages=70, seconds=10.0, documents_before=50,
                                   pages_before=50))
     assert line == "60/100 documents, 70 pages, 2.0 pages/s, ETA 40 s"
-    assert "ETA" not in progress_line(Progress(documents=0, listed=5, pages=0, seconds=1.0))  # no rate: no guess
+    assert progress_line(Progress(documents=0, listed=5, pages=0, seconds=1.0)).endswith(", ETA unknown")  # no rate
     unlisted = Progress(documents=3, listed=None, pages=3, seconds=1.0)  # `--wave-objects 0`: not listed before
     assert progress_line(unlisted) == "3 documents, 3 pages, 3.0 pages/s"
 
@@ -58,3 +58,54 @@ def test_a_resumed_runs_rate_and_eta_count_only_this_invocations_rows(tmp_path: 
     watcher.report()
     # 30 pages / 20 s = 1.5 pages/s; 10 documents / 20 s = 0.5 a second, 100 - 50 left: 100 s.
     assert out.getvalue() == "pagemill: 50/100 documents, 120 pages, 1.5 pages/s, ETA 100 s\n"
+
+
+def eta_figure(line: str) -> str | None:
+    """The ETA's figure a line shows (`ETA 47 s` -> "47"), or None for `ETA unknown` or no ETA."""
+    words = line.split("ETA ", 1)
+    return None if len(words) == 1 or words[1].startswith("unknown") else words[1].split(" s")[0]
+
+
+def test_no_eta_while_no_page_is_done() -> None:
+    """Documents that end before the model (rejected, duplicate) finish in the first seconds; an ETA from them alone
+    grew with the clock while no page was done (`3/6 documents, 0 pages, ETA 2 s`, then 4 s, 6 s ...)."""
+    for seconds in (1.0, 2.0, 20.0, 600.0):
+        line = progress_line(Progress(documents=3, listed=6, pages=0, seconds=seconds))
+        assert eta_figure(line) is None and line.endswith("ETA unknown"), line
+    # A resume whose earlier invocation did pages: still no rate of this invocation's own.
+    resumed = progress_line(Progress(documents=40, listed=100, pages=90, seconds=30.0, documents_before=30,
+                                     pages_before=90))
+    assert eta_figure(resumed) is None and "0.0 pages/s" in resumed, resumed
+    # The first page: now there is a rate. 4 of 6 documents in 8 s: 2 left at 0.5 a second, 4 s.
+    assert eta_figure(progress_line(Progress(documents=4, listed=6, pages=1, seconds=8.0))) == "4"
+    # Everything listed is done: nothing left to estimate.
+    assert "ETA" not in progress_line(Progress(documents=6, listed=6, pages=5, seconds=8.0))
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_a_terminal_the_line_is_redrawn_in_place_and_ended_before_any_other_line(tmp_path: Path) -> None:
+    from pipelines.run.run_log import Screen
+
+    terminal = Terminal()
+    screen = Screen(terminal, terminal)
+    watcher = ProgressWatcher(str(tmp_path), "t", "r", 60.0, listed=4, out=screen.err)
+    watcher.report()
+    watcher.report()
+    print("pagemill: warning: something", file=screen.err)
+    print("pagemill: 4 documents", file=screen.out)
+    text = terminal.getvalue()
+    # Two draws of one line (carriage return, erase to the end), then a newline before the next line.
+    first = "\rpagemill: 0/4 documents, 0 pages, 0.0 pages/s, ETA unknown\x1b[K"
+    assert text == first * 2 + "\npagemill: warning: something\npagemill: 4 documents\n", repr(text)
+
+
+def test_not_on_a_terminal_each_report_is_a_line(tmp_path: Path) -> None:
+    out = io.StringIO()
+    watcher = ProgressWatcher(str(tmp_path), "t", "r", 60.0, listed=4, out=out)
+    watcher.report()
+    watcher.report()
+    assert out.getvalue() == "pagemill: 0/4 documents, 0 pages, 0.0 pages/s, ETA unknown\n" * 2

@@ -32,7 +32,7 @@ def test_no_interval_starts_no_thread(tmp_path: Path) -> None:
 
 def test_before_the_first_wave_the_line_names_no_wave() -> None:
     assert progress_line(Progress(documents=0, listed=9, pages=0, seconds=2.0, wave=None, waves=3)) == \
-        "0/9 documents, 0 pages, 0.0 pages/s"
+        "0/9 documents, 0 pages, 0.0 pages/s, ETA unknown"
 
 
 def test_a_rate_within_the_first_second_is_per_second() -> None:

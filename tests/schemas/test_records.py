@@ -7,7 +7,8 @@ from dataclasses import MISSING, fields
 from schemas.records import PageImage, PageRow
 
 # PageImage fields that are not `pages` columns: the page in flight needs them, the table does not.
-NOT_STORED = {"image", "text_layer", "text_coverage", "invisible_text", "has_raster", "detail_side"}
+NOT_STORED = {"image", "text_layer", "text_coverage", "invisible_text", "has_raster", "detail_side",
+              "words"}  # the words become `evidence` rows, not a `pages` column
 # Set by the hints stage (after the safety gate): a page stopped at the gate has none of them yet.
 HINTED = {"hint_source", "hint", "hint_coverage", "detail", "flags", "flag_detail", "rendered_at"}
 SAMPLES = {"str": "value", "int": 7, "float": 0.25, "bytes": b"x", "bool": False,

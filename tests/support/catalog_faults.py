@@ -4,17 +4,22 @@
 - `kill-before-commit`: SIGKILL once the wave's pipeline finished and its files are on disk, before its commit;
 - `kill-after-commit`: SIGKILL right after the wave's commit, before the wave is marked done;
 - `replay`: before the wave's commit, one of its `pages` and `ledger` part files is written a second time under
-  another name (a runner that retried a bundle after its writer flushed).
+  another name (a runner that retried a bundle after its writer flushed);
+- `kill-between-commits`: SIGKILL right after the wave's `pages` snapshot is committed, before its `ledger` and
+  `documents` ones (a wave's tables are committed one after another: transforms/store/iceberg.py `sync`).
 """
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
 import signal
 import sys
 import uuid
+from typing import Any
 
 from pipelines.run import commits
+from transforms.store import iceberg
 from transforms.store.write import part_prefix
 
 
@@ -35,11 +40,29 @@ def faulty(mode: str, wave: int) -> type[commits.Commits]:
     return Faulty
 
 
+def killed_after_table(table: str, wave: int) -> Any:
+    """`iceberg.sync` that kills the process once it committed a snapshot of `table` for `wave`."""
+    real = iceberg.sync
+    signature = inspect.signature(real)
+
+    def sync(*args: Any, **kwargs: Any) -> Any:
+        snapshot = real(*args, **kwargs)
+        called = signature.bind(*args, **kwargs).arguments
+        if snapshot is not None and called["table"] == table and called.get("wave") == wave:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return snapshot
+
+    return sync
+
+
 def main(argv: list[str]) -> int:
     from pipelines import cli
 
     mode, wave, *args = argv
-    commits.Commits = faulty(mode, int(wave))  # type: ignore[misc]
+    if mode == "kill-between-commits":
+        iceberg.sync = killed_after_table("pages", int(wave))  # type: ignore[assignment]
+    else:
+        commits.Commits = faulty(mode, int(wave))  # type: ignore[misc]
     return cli.main(args)
 
 

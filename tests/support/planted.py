@@ -48,3 +48,23 @@ def write_manifest(output: Path, run_id: str, schema: str, tenant: str = "defaul
     path = Path(manifest_path(str(output), tenant, run_id))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"run_id": run_id, "tenant": tenant, "options": {"tenant": tenant, "schema": schema}}))
+
+
+def evidence(n: int, field_path: str, grounded: bool | None, box: tuple[float, float, float, float] | None = None,
+             run_id: str = "r1", tenant: str = "default", schema_id: str = "invoice", status: str = "ok",
+             minutes: int = 0, value: str = "v") -> dict[str, Any]:
+    """One `evidence` row of document `d<n>`'s first page (as `page` plants it)."""
+    x0, y0, x1, y1 = box if box is not None else (None, None, None, None)
+    return {"run_id": run_id, "tenant": tenant, "doc_sha256": f"d{n}", "source_uri": f"s3://bucket/doc-{n}.pdf",
+            "page_index": 0, "status": status, "schema_id": schema_id, "field_path": field_path, "value": value,
+            "quote": value if grounded else None, "x0": x0, "y0": y0, "x1": x1, "y1": y1,
+            "method": "none" if grounded is None else "text_layer", "score": 1.0 if grounded else 0.0,
+            "grounded": grounded, "created_at": T0 + dt.timedelta(minutes=minutes)}
+
+
+def write_evidence(output: Path, rows: list[dict[str, Any]]) -> None:
+    by_partition: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        by_partition.setdefault((row["tenant"], row["run_id"]), []).append(row)
+    for (tenant, run_id), part in by_partition.items():
+        write_rows(partition(str(output), "evidence", tenant, run_id), tables.EVIDENCE, part)

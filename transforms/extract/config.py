@@ -7,6 +7,7 @@ from functools import cached_property
 from typing import Any
 
 from schemas.extraction import ExtractionSchema
+from transforms.model import quotes
 from transforms.model.markdown import MarkdownFormat
 from transforms.model.prompt import SHARED_FIRST, DecodingParams, PromptText, config_key, json_prompt
 
@@ -31,6 +32,15 @@ class ExtractConfig:
     markdown: MarkdownFormat | None = None
     prompt_layout: str = SHARED_FIRST  # transforms.model.prompt.PROMPT_LAYOUTS: keyed, it changes the prompt
     answer_timeout_s: float = 0.0  # wall-clock limit of one answer (transforms/extract/feed.py); 0: none
+    # --evidence-quotes: the model answers the schema plus `_quotes` (transforms/model/quotes.py). Keyed: it
+    # changes the prompt and the answer.
+    evidence_quotes: bool = False
+
+    @cached_property
+    def answer_schema(self) -> ExtractionSchema:
+        """The schema the model answers and its answer is validated against: the extraction schema, or with
+        --evidence-quotes its sidecar (the stored extraction is the schema's own either way)."""
+        return quotes.sidecar(self.schema) if self.evidence_quotes and self.markdown is None else self.schema
 
     @property
     def decoding(self) -> DecodingParams:
@@ -41,7 +51,7 @@ class ExtractConfig:
         """The words of every page's prompt, made once: a markdown format's, else the JSON prompt of the schema."""
         if self.markdown is not None:
             return self.markdown.prompt_text(self.prompt_layout)
-        return json_prompt(self.schema.schema, self.prompt_layout)
+        return json_prompt(self.answer_schema.schema, self.prompt_layout)
 
     @cached_property
     def config_key(self) -> str:

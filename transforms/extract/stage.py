@@ -79,7 +79,7 @@ def to_rows(result: Any, cfg: ExtractConfig) -> Iterator[PageRow]:
                           flag_detail=page.flag_detail + out.notes, image_tokens_saved=saved,
                           cached_prompt_tokens=r.cached_prompt_tokens, stop_reason=r.stop_reason,
                           extracted_at=r.finished_at, **_common(task, r, cfg))
-    yield evidence_of(cfg, page, row)
+    yield evidence_of(cfg, page, row, r.quotes)
 
 
 def page_cost_usd(r: ExtractionResult, cfg: ExtractConfig) -> float:
@@ -100,13 +100,15 @@ def copy_row(copy: PageImage, task: PageTask, r: ExtractionResult, cfg: ExtractC
                           flags=tuple(dict.fromkeys(copy.flags + r.flags + out.flags)),
                           flag_detail=copy.flag_detail + out.notes, extracted_at=done,
                           **_common(task, r, cfg))
-    return evidence_of(cfg, copy, row)
+    return evidence_of(cfg, copy, row, r.quotes)
 
 
-def evidence_of(cfg: ExtractConfig, page: PageImage, row: PageRow) -> PageRow:
-    """The row with the evidence of its JSON answer on `page` (transforms/model/evidence.py); markdown is no
-    answer of fields."""
-    return row if cfg.markdown is not None else with_evidence(row, page.words)
+def evidence_of(cfg: ExtractConfig, page: PageImage, row: PageRow,
+                quotes: tuple[tuple[str, str], ...] = ()) -> PageRow:
+    """The row with the evidence of its JSON answer on `page` (transforms/model/evidence.py), and of the model's
+    `quotes` (--evidence-quotes; a reused row has none: its values are looked for); markdown is no answer of
+    fields."""
+    return row if cfg.markdown is not None else with_evidence(row, page.words, quotes)
 
 
 def result_flags(r: ExtractionResult, cfg: ExtractConfig) -> OutputFlags:

@@ -94,14 +94,20 @@ def load_prices(path: Path | str | None = None) -> dict[str, Any]:
     return prices
 
 
+BATCH_TIER = "@batch"  # `<provider>@batch`: the provider's batch endpoint, at its `batch_rate` of the list price
+
+
 def api_cost_usd(provider: str, input_tokens: float, output_tokens: float, prices: Mapping[str, Any]) -> float:
-    """List-price cost in USD of one call (or a sum of calls) to a hosted API, from `load_prices()`."""
+    """List-price cost in USD of one call (or a sum of calls) to a hosted API, from `load_prices()`; for
+    `<provider>@batch` (the ledger route of `--engine openai_batch`), that times the provider's `batch_rate`
+    (prices.json). The one home of the price rule: the ledger and `pagemill estimate` both call it."""
     if input_tokens < 0 or output_tokens < 0:
         raise ValueError("token counts must be >= 0")
-    p = _provider(provider, prices)
+    batch = provider.endswith(BATCH_TIER)
+    p = _provider(provider.removesuffix(BATCH_TIER), prices)
     usd_in = input_tokens * float(p["input_usd_per_mtok"])
     usd_out = output_tokens * float(p["output_usd_per_mtok"])
-    return (usd_in + usd_out) / 1e6
+    return (usd_in + usd_out) / 1e6 * (float(p["batch_rate"]) if batch else 1.0)
 
 
 def hosted_image_tokens(provider: str, width: int, height: int, prices: Mapping[str, Any]) -> int:

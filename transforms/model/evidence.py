@@ -8,6 +8,9 @@ Tesseract's), with the quoted words and their union box, or marked as not found 
   object that were found once: a line item's quantity `1` is the `1` on its description's row. Otherwise the
   first in reading order.
 - A value spread over several words or lines gets the union of their boxes.
+- A value the model quoted (--evidence-quotes, transforms/model/quotes.py) is looked for by its quote instead,
+  as text (method `model_quote`): found, it is grounded where the quote stands; a quote not found on the page is
+  not grounded, whether or not the value is printed there (the model's claim of where it read it is wrong).
 - A page with no words (no text layer, no OCR) cannot be checked: its rows say `grounded` null, method `none`.
 - The page gets the flag `ungrounded_values` when at least one of its values is not found on it
   (`pages.ungrounded_values` counts them), with the field paths (never the values) in `flag_detail`.
@@ -18,7 +21,7 @@ Pure.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
@@ -154,22 +157,26 @@ def choose(found: dict[str, list[Occurrence]], words: PageWords) -> dict[str, Oc
     return chosen
 
 
-def match(extraction: Any, words: PageWords | None) -> tuple[EvidenceRow, ...]:
-    """One row per non-empty leaf value of `extraction` (parsed JSON), found in `words` or not."""
+def match(extraction: Any, words: PageWords | None,
+          quotes: Mapping[str, str] | None = None) -> tuple[EvidenceRow, ...]:
+    """One row per non-empty leaf value of `extraction` (parsed JSON), found in `words` or not; a value with a
+    model quote (`quotes`: field path -> text) is looked for by its quote."""
     items = list(leaves(extraction))[:MAX_VALUES]
+    quoted = {p: q for p, q in (quotes or {}).items() if q.strip()}
     if words is None:
         return tuple(EvidenceRow(path, _text(v), "none", 0.0, None) for path, v in items)
     page = PageIndex.of(words)
-    found = {path: occurrences(page, v) for path, v in items}
+    found = {path: occurrences(page, quoted.get(path, v)) for path, v in items}
     chosen = choose({p: o for p, o in found.items() if o}, words)
     rows = []
     for path, v in items:
         o = chosen.get(path)
+        method = "model_quote" if path in quoted else words.source
         if o is None or o[2] < GROUNDED_MIN:
-            rows.append(EvidenceRow(path, _text(v), words.source, o[2] if o else 0.0, False))
+            rows.append(EvidenceRow(path, _text(v), method, o[2] if o else 0.0, False))
             continue
         first, last, score = o
-        rows.append(EvidenceRow(path, _text(v), words.source, score, True,
+        rows.append(EvidenceRow(path, _text(v), method, score, True,
                                 quote=" ".join(words.texts[first: last + 1]),
                                 box=union(list(words.boxes[first: last + 1]))))
     return tuple(rows)
@@ -179,9 +186,10 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def with_evidence(row: PageRow, words: bytes) -> PageRow:
+def with_evidence(row: PageRow, words: bytes, quotes: tuple[tuple[str, str], ...] = ()) -> PageRow:
     """`row` with the evidence of its extraction on the page whose `words` (schemas/evidence.py's encoding) are
-    given, its counts, and the flag when a value is not found. A row with no JSON object answer is as it was."""
+    given, its counts, and the flag when a value is not found; `quotes`: the model's (field path, quote). A row
+    with no JSON object answer is as it was."""
     if not row.extraction or row.markdown is not None:
         return row
     try:
@@ -191,7 +199,7 @@ def with_evidence(row: PageRow, words: bytes) -> PageRow:
     if not isinstance(parsed, dict):
         return row
     page_words = decode_words(words)
-    rows = match(parsed, page_words)
+    rows = match(parsed, page_words, dict(quotes))
     missing = [r.field_path for r in rows if r.grounded is False]
     flags, notes = row.flags, row.flag_detail
     if missing:

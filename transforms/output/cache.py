@@ -35,6 +35,7 @@ import apache_beam as beam
 from apache_beam.io.parquetio import ReadAllFromParquet
 
 from schemas import statuses
+from schemas.reasons import BATCH_PENDING
 from schemas.records import DocumentRecord, ListedObject, PageRow
 from transforms.safety.gate import BlocklistCheck, SafetyConfig, quarantined_reuse
 from transforms.safety.stage import LoadsChecks
@@ -192,7 +193,8 @@ class SkipCachedDocuments(beam.PTransform):
 
 
 class SkipDoneDocuments(beam.PTransform):
-    """Resuming a run: listed objects that already have a `documents` row in this run are dropped."""
+    """Resuming a run: listed objects that already have a `documents` row in this run are dropped, unless every
+    such row is `batch_pending` (a page waits in a hosted batch: pipelines/run/batches.py processes it again)."""
 
     def __init__(self, done_files: list[str]) -> None:
         super().__init__()
@@ -204,7 +206,8 @@ class SkipDoneDocuments(beam.PTransform):
         done = (
             listed.pipeline
             | "DoneFiles" >> beam.Create(self.done_files)
-            | "ReadDone" >> ReadAllFromParquet(columns=["source_uri"])
+            | "ReadDone" >> ReadAllFromParquet(columns=["source_uri", "reason_code"])
+            | "Finished" >> beam.Filter(lambda r: r["reason_code"] != BATCH_PENDING)
             | "DoneUri" >> beam.Map(lambda r: (r["source_uri"], True))
         )
         by_uri = listed | "ListedByUri" >> beam.Map(lambda o: (o.uri, o))

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 
 import apache_beam as beam
 
-from schemas.reasons import EXTRACTION_FAILED
+from schemas.reasons import BATCH_PENDING, EXTRACTION_FAILED
 from schemas.records import DocumentRecord, DocumentRow, PageRow
 from schemas.statuses import (
     CACHED,
@@ -33,6 +33,8 @@ def document_outcome(doc: DocumentRecord, statuses: Counter[str], reasons: Count
     rendered = statuses[RENDERED]
     quarantined = statuses[QUARANTINED]
     top_reason = reasons.most_common(1)[0][0] if reasons else None
+    if reasons[BATCH_PENDING]:  # unfinished: the resume processes it again (transforms/output/cache.py)
+        top_reason = BATCH_PENDING
     message = None
     if seen < doc.page_count:
         # Counted, not assumed: a page that vanished is reported rather than papered over.

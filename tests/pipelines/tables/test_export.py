@@ -25,13 +25,18 @@ BIDI_FORMULA = "=HYPERLINK(\"http://x.invalid\")\u2066"
 # as Arrow types: what a notebook or a BI tool sees in the file.
 ITEM = pa.struct([("description", pa.string()), ("quantity", pa.float64()), ("unit_price", pa.float64()),
                   ("amount", pa.float64())])
+BOX = pa.struct([("x0", pa.float64()), ("y0", pa.float64()), ("x1", pa.float64()), ("y1", pa.float64())])
 INVOICE_ARROW = pa.schema([
     ("tenant", pa.string()), ("run_id", pa.string()), ("doc_sha256", pa.string()), ("source_uri", pa.string()),
     ("page_index", pa.int64()), ("extracted_at", pa.timestamp("us", tz="Etc/UTC")),
     ("vendor_name", pa.string()), ("invoice_number", pa.string()), ("issue_date", pa.date32()),
     ("due_date", pa.date32()), ("currency", pa.string()), ("subtotal", pa.float64()), ("tax", pa.float64()),
     ("total", pa.float64()), ("line_items", pa.list_(ITEM)), ("unfit_columns", pa.list_(pa.string())),
-    ("unfit_values", pa.int64())])
+    ("unfit_values", pa.int64()),
+    # The evidence of each top-level text, date and number: found on its page, and its box there.
+    *[(f"{field}{suffix}", kind) for field in ("vendor_name", "invoice_number", "issue_date", "due_date", "currency",
+                                               "subtotal", "tax", "total")
+      for suffix, kind in (("_grounded", pa.bool_()), ("_box", BOX))]])
 
 
 @pytest.fixture

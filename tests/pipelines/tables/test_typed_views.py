@@ -16,7 +16,7 @@ from pipelines import cli
 from pipelines.tables import queries
 from tests.support import planted
 from tests.support.planted import BAD_INVOICE, GOOD_INVOICE, page
-from tests.support.typed_views import DESCRIBE_INVOICE, KEYS
+from tests.support.typed_views import BOX, DESCRIBE_INVOICE, KEYS
 
 INVOICE_SCHEMA = json.loads((resources.files("schemas.extraction") / "invoice.json").read_text(encoding="utf-8"))
 RECEIPT_SCHEMA = json.loads((resources.files("schemas.extraction") / "receipt.json").read_text(encoding="utf-8"))
@@ -165,7 +165,8 @@ def test_two_versions_of_one_schema_get_the_union_of_columns(tmp_path: Path,
     described = sql(capsys, out, "DESCRIBE acme")
     assert [(r["column_name"], r["column_type"]) for r in described][len(KEYS):] == [
         ("amount", "DOUBLE"), ("payee", "VARCHAR"), ("paid", "BOOLEAN"), ("unfit_columns", "VARCHAR[]"),
-        ("unfit_values", "BIGINT")]  # integer in v1 and number in v2: DOUBLE holds both
+        ("unfit_values", "BIGINT"), ("amount_grounded", "BOOLEAN"), ("amount_box", BOX), ("payee_grounded", "BOOLEAN"),
+        ("payee_box", BOX)]  # integer in v1 and number in v2: DOUBLE holds both; a boolean is not looked for
     rows = sql(capsys, out, "SELECT run_id, amount, payee, paid FROM acme ORDER BY run_id")
     assert rows == [{"run_id": "run-v1", "amount": 3.0, "payee": "Bob", "paid": None},
                     {"run_id": "run-v2", "amount": 2.5, "payee": None, "paid": True}]

@@ -128,10 +128,19 @@ def test_skip_cached_documents_splits_rendering_from_reused_pages_checked_agains
 
 def test_skip_done_documents_drops_what_this_run_already_wrote(tmp_path: Path) -> None:
     listed = [ListedObject("s3://b/a.pdf", 1), ListedObject("s3://b/b.pdf", 2), ListedObject("s3://b/c.pdf", 3)]
-    done = [_parquet(tmp_path / "done.parquet", [{"source_uri": "s3://b/b.pdf"}], ["source_uri"])]
+    done = [_parquet(tmp_path / "done.parquet", [{"source_uri": "s3://b/b.pdf", "reason_code": None}],
+                     ["source_uri", "reason_code"])]
     with BeamPipeline() as p:
         got = p | beam.Create(listed) | SkipDoneDocuments(done) | beam.Map(lambda o: o.uri)
         assert_that(got, equal_to(["s3://b/a.pdf", "s3://b/c.pdf"]))
+    # A document whose only row waits on a hosted batch is processed again; one answered since is done.
+    pending = [*done, _parquet(tmp_path / "pending.parquet", [
+        {"source_uri": "s3://b/a.pdf", "reason_code": "batch_pending"},
+        {"source_uri": "s3://b/c.pdf", "reason_code": "batch_pending"},
+        {"source_uri": "s3://b/c.pdf", "reason_code": "schema_invalid"}], ["source_uri", "reason_code"])]
+    with BeamPipeline() as p:
+        got = p | beam.Create(listed) | SkipDoneDocuments(pending) | beam.Map(lambda o: o.uri)
+        assert_that(got, equal_to(["s3://b/a.pdf"]))
     with BeamPipeline() as p:
         got = p | beam.Create(listed) | SkipDoneDocuments([]) | beam.Map(lambda o: o.uri)
         assert_that(got, equal_to([o.uri for o in listed]))

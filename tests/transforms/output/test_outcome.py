@@ -122,3 +122,15 @@ def test_outcome_missing_pages_are_reported_not_papered_over() -> None:
     assert row.message == "1 of 4 pages produced no row"
     row = _outcome({"rendered": 3})
     assert row.outcome == "partial"
+
+
+def test_a_page_waiting_on_a_hosted_batch_names_its_document_pending_whatever_the_other_reasons() -> None:
+    """The resume processes a document again only by this reason (transforms/output/cache.py), so a pending page
+    must win over more common reasons."""
+    statuses = Counter({"failed": 3, "ok": 1})
+    row = document_outcome(DocumentRecord("s3://b/d.pdf", 10, "d" * 64, "pdf", 4), statuses,
+                           Counter({"schema_invalid": 2, "batch_pending": 1}))
+    assert (row.outcome, row.reason_code) == ("partial", "batch_pending")
+    plain = document_outcome(DocumentRecord("s3://b/d.pdf", 10, "d" * 64, "pdf", 4), statuses,
+                             Counter({"schema_invalid": 2, "timeout": 1}))
+    assert plain.reason_code == "schema_invalid"

@@ -90,6 +90,25 @@ def test_the_service_process_is_detached_logs_to_its_file_and_inherits_nothing(f
             os.close(fd)
 
 
+def test_the_service_writes_to_the_runs_log_when_this_machine_has_its_folder(folder: Path, tmp_path: Path) -> None:
+    """The launcher names the run's log (pipelines/run/run_log.py): the service's stdout and stderr go there, as the
+    in-process engine's lines do; a log whose folder is not on this machine (a worker on another host) leaves the
+    service with its own service.log."""
+    run_log = tmp_path / "runs" / "tenant=t" / "r.log"
+    run_log.parent.mkdir(parents=True)
+    engine = RecordingRemoteEngine(replace(settings(folder), log_file=str(run_log)))
+    try:
+        assert answer(engine.submit(vllm_request("logged", IMG), SAMPLING))["prompt"] == "logged"
+        assert engine.proc is not None
+        targets = fd_targets(engine.proc.pid)
+        assert (targets[1], targets[2]) == (str(run_log.resolve()), str(run_log.resolve()))
+        assert oct(run_log.stat().st_mode)[-3:] == "600"
+    finally:
+        engine.close()
+    elsewhere = VllmMachineEngine(replace(settings(folder), log_file=str(tmp_path / "not-here" / "r.log")))
+    assert elsewhere.log_path() == folder / "service.log"
+
+
 def test_a_dead_services_socket_file_is_cleared_before_a_new_service_listens(folder: Path) -> None:
     prepare_folder(folder)
     stale = socket.socket(socket.AF_UNIX)
