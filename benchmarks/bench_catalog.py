@@ -1,4 +1,4 @@
-"""What `--catalog` costs a backfill: the Iceberg commit of each wave (pipelines/run/commits.py: the wave's
+"""What `--catalog` costs a backfill: the Iceberg commit of each wave (transforms/store/commits.py: the wave's
 duplicate-key check and compaction, then one snapshot per table) against the wave's wall time, at 5,000 objects.
 
 Render-only runs (`--extract false --nsfw-classifier none --hints none`) over N distinct one-page PNGs (made as

@@ -8,7 +8,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 USAGE = """pagemill run --input URI [--input URI ...] --output DIR [--job FILE] [--run-id ID] [--tenant NAME]
@@ -37,39 +37,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     warning = secrets_warning(rest)
     if warning:
         print(warning, file=sys.stderr)
-    if command == "run":
-        return run_command(rest)
-    if command == "sql":
-        return sql_command(rest)
-    if command == "export":
-        from pipelines.tables.export import command as export
+    handler = COMMANDS.get(command)
+    if handler is None:
+        print(f"pagemill: unknown command {command!r}\n{USAGE}", file=sys.stderr)
+        return 2
+    return handler(rest)
 
-        return export(rest)
-    if command == "make-test-model":
-        return make_test_model_command(rest)
-    if command == "cancel":
-        from pipelines.run.batches import cancel_command
 
-        return cancel_command(rest)
-    if command == "expire":
-        from pipelines.tables.expire import command as expire
+def export_command(argv: Sequence[str]) -> int:
+    from pipelines.tables.export import command
 
-        return expire(rest)
-    if command == "presets":
-        from pipelines.config.presets import listing
+    return command(argv)
 
-        print(listing())
-        return 0
-    if command == "eval":
-        return eval_command(rest)
-    if command == "bench":
-        from pipelines.bench.command import bench_command
 
-        return bench_command(rest, run_command)
-    if command in ("estimate", "report"):
-        return estimate_command(rest) if command == "estimate" else report_command(rest)
-    print(f"pagemill: unknown command {command!r}\n{USAGE}", file=sys.stderr)
-    return 2
+def cancel_command(argv: Sequence[str]) -> int:
+    from pipelines.run.batches import cancel_command as cancel
+
+    return cancel(argv)
+
+
+def expire_command(argv: Sequence[str]) -> int:
+    from pipelines.tables.expire import command
+
+    return command(argv)
+
+
+def presets_command(argv: Sequence[str]) -> int:
+    from pipelines.config.presets import listing
+
+    print(listing())
+    return 0
+
+
+def bench_command(argv: Sequence[str]) -> int:
+    from pipelines.bench.command import bench_command as bench
+
+    return bench(argv, run_command)
 
 
 def run_command(argv: Sequence[str]) -> int:
@@ -206,6 +209,13 @@ class _QuietImports(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return "apitools not found" not in record.getMessage()
 
+
+
+# The commands, one entry each: a name and its handler (each imports its room only when called).
+COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
+    "run": run_command, "sql": sql_command, "export": export_command, "estimate": estimate_command,
+    "eval": eval_command, "bench": bench_command, "report": report_command, "cancel": cancel_command,
+    "expire": expire_command, "presets": presets_command, "make-test-model": make_test_model_command}
 
 def entry() -> None:
     from transforms.child_process import keep_cwd_off_python_paths

@@ -311,3 +311,34 @@ def test_the_engine_comparison_pattern_finds_what_it_is_for() -> None:
     fine = ["engine = make(s.engine)", "for engine in engines:", "self.engine = engine", "if engine is None:",
             "o.engine_in_process == True", "ExtractPages(s.engine, s.extract)"]
     assert not any(ENGINE_COMPARISON.search(f) for f in fine)
+
+
+# Only the store changes a run's files (issue 45): deleting or renaming under the output root is
+# transforms/store/'s (RunTables, compaction, the listing, the manifest). Elsewhere, only files of no table, each
+# named here with what it is (the hosted batch engine's spool lies under the output root: the engine's own files).
+REMOVES = re.compile(r"FileSystems\.(delete|rename)\(|\b(os\.(remove|unlink|rename|replace|rmdir)"
+                     r"|shutil\.(rmtree|move))\(|\.(unlink|rename|rmdir)\(")
+REMOVES_ELSEWHERE = {
+    "pipelines/run/run_log.py": "a command's log folder from tempfile.mkdtemp, never under the output root",
+    "transforms/engines/vllm_machine/engine.py": "the machine engine's socket in its service folder (folder.py)",
+    "transforms/engines/vllm_machine/stats.py": "the engine's figures in its service folder (folder.py)",
+    "transforms/engines/openai_batch/lock.py": "the hosted batch engine's launcher lock in its spool (batch_folder)",
+    "transforms/engines/openai_batch/files.py": "the hosted batch engine's spooled requests (batch_folder)",
+}
+
+
+def test_only_the_store_deletes_or_renames_under_the_output_root() -> None:
+    found = sorted(f"{rel}:{n}: {line.strip()}" for path in _modules("pipelines", "transforms")
+                   if not (rel := path.relative_to(REPO).as_posix()).startswith("transforms/store/")
+                   and rel not in REMOVES_ELSEWHERE
+                   for n, line in enumerate(path.read_text().splitlines(), 1) if REMOVES.search(line))
+    assert not found, "files deleted or renamed outside transforms/store/:\n" + "\n".join(found)
+    assert all((REPO / rel).is_file() and REMOVES.search((REPO / rel).read_text()) for rel in REMOVES_ELSEWHERE)
+
+
+def test_the_removal_pattern_finds_what_it_is_for() -> None:
+    removes = ["FileSystems.delete(found)", "FileSystems.rename([a], [b])", "os.remove(p)", "os.replace(tmp, p)",
+               "shutil.rmtree(folder)", "probe.unlink()", "Path(a).rename(b)", "os.unlink(p)"]
+    assert all(REMOVES.search(r) for r in removes)
+    fine = ['text.replace("a", "b")', "FileSystems.create(path)", "FileSystems.exists(m)", "value.replace(tzinfo=x)"]
+    assert not any(REMOVES.search(f) for f in fine)

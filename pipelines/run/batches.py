@@ -107,14 +107,9 @@ def _reopen_waves(o: Any, listing: Any) -> None:
     documents are skipped by their rows, so only the pending ones are processed)."""
     if listing is None:
         return
-    from apache_beam.io.filesystems import FileSystems
+    from transforms.store.listing_file import reopen_waves
 
-    from transforms.store.listing_file import done_marker
-
-    markers = [done_marker(listing.folder, w) for w in range(listing.waves)]
-    found = [m for m in markers if FileSystems.exists(m)]
-    if found:
-        FileSystems.delete(found)
+    reopen_waves(listing.folder, listing.waves)
 
 
 def manifest_batches(engine: Any) -> dict[str, Any]:

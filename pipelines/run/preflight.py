@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 
 from pipelines.config.storage import StorageConfig
 from transforms.intake.listing import literal_prefix
+from transforms.store.files import local_write_problem
 from transforms.text_safety import redact_url, terminal_safe
 
 # Short timeouts and few retries: a wrong endpoint must fail in seconds, not minutes.
@@ -100,18 +101,6 @@ def check_local_read(pattern: str) -> str | None:
     return None
 
 
-def check_local_write(folder: str) -> str | None:
-    path = Path(folder.removeprefix("file://"))
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".pagemill-preflight-{uuid.uuid4().hex}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as err:
-        return f"{folder}: cannot write ({err.strerror or err})"
-    return None
-
-
 def preflight(inputs: Sequence[str], output: str, storage: StorageConfig) -> list[str]:
     """Every problem found, one line each; empty when the run can start."""
     problems: list[str] = []
@@ -130,7 +119,7 @@ def preflight(inputs: Sequence[str], output: str, storage: StorageConfig) -> lis
     elif "://" in output and not output.startswith("file://"):
         problem = None
     else:
-        problem = check_local_write(output)
+        problem = local_write_problem(output)  # a probe file under the root (the store makes and removes it)
     if problem:
         problems.append(f"output {problem}")
     return problems

@@ -17,10 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from schemas import layout
-
-# Per table: the column whose values must agree among the rows of one key (nulls: not yet known). None for
-# the ledger: it names no content (a contradiction shows in `pages`, which has the same key).
-IDENTITY: dict[str, str | None] = {"documents": "doc_sha256", "pages": "page_hash", "ledger": None}
+from transforms.store.duplicates import IDENTITY
 
 
 def raw_rows(counts: dict[str, Any]) -> dict[str, int]:

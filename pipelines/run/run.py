@@ -64,22 +64,18 @@ def _run(options: Any, o: Any, storage: Any, built: Any, found: Any, job_name: s
     from pipelines.run.waves import listing_for, run_waves
     from pipelines.tables.manifest import build_manifest, manifest_options, run_counts, write_manifest
     from transforms.engines.vllm_machine.stats import engine_figures, pages_by_device
-    from transforms.store.compaction import clear_run
-    from transforms.store.files import misfiled_run_files, run_tenants
-    from transforms.store.listing_file import ListingChanged, clear_listing
+    from transforms.store.files import run_tenants
+    from transforms.store.listing_file import ListingChanged
 
     place = built.place  # which run (schemas/run_place.py), made once by `run`
     since, until = listing_window(o, job_name, storage)
-    commits = run_commits(o, place, storage)
-    refused = commits and commits.refusal()  # a catalog that names a class to run, a table not pagemill's
+    tables = run_tables(o, place, storage)  # every change to the run's files and its catalog goes through it
+    refused = tables.refusal()  # a catalog that names a class to run, a table not pagemill's
     if refused:
         print(f"pagemill run: --catalog: {refused}", file=screen.err)
         return 2
     if o.force:
-        clear_run(place.output, place.tenant, place.run_id)
-        clear_listing(place.listing_folder())
-        if commits is not None:
-            commits.cleared()  # the catalog must not point at the files just deleted
+        tables.clear()  # files, listing, and the catalog's hold on them
     # A run id is the tenant's own: only its own partitions make this a resume (docs/safety.md).
     resuming = place.tenant in run_tenants(place.output, place.run_id, place.tenant)
     before = run_counts(place.output, place.run_id, storage, place.tenant) if resuming else None
@@ -109,7 +105,7 @@ def _run(options: Any, o: Any, storage: Any, built: Any, found: Any, job_name: s
         with watcher:
             def ran() -> Any:
                 return run_waves(options, settings, run, listing, since, until, o.force,
-                                 on_wave=lambda wave: setattr(watcher, "wave", wave), commits=commits)
+                                 on_wave=lambda wave: setattr(watcher, "wave", wave), tables=tables)
             # A hosted batch's run passes as often as its batches need (pipelines/run/batches.py).
             waves, metrics = (batch_waves(o, settings.engine, run, storage, listing, ran, place=place) if batched
                               else ran())
@@ -130,10 +126,10 @@ def _run(options: Any, o: Any, storage: Any, built: Any, found: Any, job_name: s
         return 1
     wall = time.perf_counter() - t0
     # With a catalog, the files a compaction replaced stay for the snapshots that name them (`pagemill expire`).
-    counts, retried = settle(place.output, place.tenant, place.run_id, storage, keep_replaced=commits is not None)
-    if commits is not None:
+    counts, retried = settle(place.output, place.tenant, place.run_id, storage, keep_replaced=tables.mirrored)
+    if tables.mirrored:
         try:  # a run without waves commits once, here; with waves, only what the compaction changed
-            commits.run_settled(counts["errors"], wave=0 if listing is None else None)
+            tables.run_settled(counts["errors"], wave=0 if listing is None else None)
         except Exception as err:  # noqa: BLE001 - one clear line
             from pipelines.run.failure import run_failure
 
@@ -145,10 +141,10 @@ def _run(options: Any, o: Any, storage: Any, built: Any, found: Any, job_name: s
     code, why = exit_code(counts, o.max_failed_fraction)  # rows are written: now judge them
     manifest.update(resumed=bool(before), exit_code=code, exit_reason=why, retried_rows=retried,
                     waves=waves.as_dict(), this_invocation=invocation(counts, before),
-                    listing=listing and listing.record(), catalog=commits and commits.record(),
+                    listing=listing and listing.record(), catalog=tables.catalog_record(),
                     engines=engine_figures(service) if service else [],
                     **({"batches": manifest_batches(settings.engine)} if batched else {}),
-                    misfiled_files=misfiled_run_files(place.output, place.tenant, place.run_id))
+                    misfiled_files=tables.misfiled())
     for path, why in manifest["misfiled_files"].items():  # never read, committed or compacted (part_check.py)
         print(f"pagemill run: warning: {path} is not this run's: {why}", file=screen.err)
     uri = write_manifest(place.output, place.tenant, place.run_id, manifest)
@@ -168,16 +164,12 @@ def _run(options: Any, o: Any, storage: Any, built: Any, found: Any, job_name: s
     return code
 
 
-def run_commits(o: Any, place: RunPlace, storage: Any) -> Any:
-    """`--catalog`: the run's Iceberg commits (pipelines/run/commits.py), or None."""
+def run_tables(o: Any, place: RunPlace, storage: Any) -> Any:
+    """The run's tables (transforms/store/run_tables.py), mirrored to the `--catalog` when one is named."""
     from transforms.store.iceberg import catalog_config
+    from transforms.store.run_tables import RunTables
 
-    config = catalog_config(o.catalog, o.catalog_namespace, o.catalog_property)
-    if config is None:
-        return None
-    from pipelines.run.commits import Commits
-
-    return Commits(config, place.output, storage, place.tenant, place.run_id)
+    return RunTables(place, storage, catalog_config(o.catalog, o.catalog_namespace, o.catalog_property))
 
 
 def invocation(counts: dict[str, Any], before: dict[str, Any] | None) -> dict[str, int]:

@@ -23,13 +23,12 @@ is read.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelines.run.pool_watch import pool_address, wait_for_job
 from schemas.run_place import RunPlace
@@ -43,15 +42,12 @@ from transforms.store.listing_file import (
     read_listing,
     write_listing,
 )
+from transforms.store.part_names import wave_of  # a part file's wave, from its name
+
+if TYPE_CHECKING:
+    from transforms.store.run_tables import RunTables
 
 log = logging.getLogger(__name__)
-_WAVE = re.compile(r"/part-w(\d{5})-[^/]*$")
-
-
-def wave_of(path: str) -> int | None:
-    """The wave a part file was written by (its name), or None (compacted, or written without waves). Pure."""
-    found = _WAVE.search(path)
-    return int(found.group(1)) if found else None
 
 
 def wave_files(files: list[str], wave: int) -> tuple[list[str], list[str]]:
@@ -144,22 +140,24 @@ def listing_for(o: Any, place: RunPlace, since: float | None, until: float | Non
 
 def run_waves(options: Any, settings: Any, run: dict[str, Any], listing: Listing | None,
               since: float | None, until: float | None, force: bool,
-              on_wave: Callable[[int], None] = lambda wave: None, commits: Any = None) -> tuple[Waves, dict[str, Any]]:
+              on_wave: Callable[[int], None] = lambda wave: None,
+              tables: RunTables | None = None) -> tuple[Waves, dict[str, Any]]:
     """Run the pipeline once per unfinished wave (once in all without a listing). Returns what was done
-    and the Beam metrics of every pipeline, summed. Raises what the pipeline raised. With `commits`
-    (pipelines/run/commits.py, `--catalog`), each wave is committed after its pipeline and before it is marked
-    done; a wave the catalog already holds (a kill between its commit and its mark) is not run again."""
+    and the Beam metrics of every pipeline, summed. Raises what the pipeline raised. With the run's `tables`
+    (transforms/store/run_tables.py), each wave is done there after its pipeline and before it is marked done
+    (with `--catalog`: committed); a wave the catalog already holds (a kill between its commit and its mark) is
+    not run again."""
     s, metrics = settings, {}
     done = Waves(total=listing.waves if listing else 1, objects=listing.objects if listing else None)
-    committed = commits.committed_waves() if commits is not None and listing is not None else set()
+    committed = tables.committed_waves() if tables is not None and listing is not None else set()
     with EngineHold(s):  # the machine's engine, once a wave started it, waits for the next wave
         for wave in _waves(listing, done, committed):
             on_wave(wave)
             started = time.perf_counter()
             metrics = merge_metrics(metrics, _one_wave(options, s, run, listing, wave, since, until, force))
             if listing is not None:
-                if commits is not None:
-                    commits.wave_done(wave)
+                if tables is not None:
+                    tables.wave_done(wave)
                 mark_done(listing.folder, wave)
             done.ran.append(wave)
             done.seconds[wave] = round(time.perf_counter() - started, 3)
@@ -173,7 +171,7 @@ def _one_wave(options: Any, s: Any, run: dict[str, Any], listing: Listing | None
 
     from pipelines.run import graph  # looked up at call time: tests put a failing builder there
     from transforms.store.files import run_files, tenant_files
-    from transforms.store.write import part_prefix
+    from transforms.store.part_names import part_prefix
 
     documents = run_files(s.output, "documents", s.tenant, run["run_id"])
     earlier_files = [] if force else tenant_files(s.output, "pages", s.tenant)  # the result cache's source

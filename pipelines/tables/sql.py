@@ -22,10 +22,11 @@ import pyarrow.fs as pafs
 
 from pipelines.config.storage import StorageConfig, arrow_filesystem
 from pipelines.tables import typed_views
-from schemas import kept_row, layout, tables
+from schemas import kept_row, tables
 from transforms.store import manifest_file
 from transforms.store.catalog import ALLOW_HTTP_FLAG
 from transforms.store.catalog import CatalogRefused as CatalogRefused
+from transforms.store.duplicates import duplicate_keys_sql
 from transforms.store.files import manifest_files, table_files
 from transforms.text_safety import terminal_safe
 
@@ -159,11 +160,9 @@ def lock(con: duckdb.DuckDBPyConnection) -> None:
 
 def duplicate_keys(con: duckdb.DuckDBPyConnection, table: str, tenant: str, run_id: str,
                    limit: int = 5) -> tuple[int, list[tuple[Any, ...]]]:
-    """Keys of one run that have more than one raw row: (how many keys, a few examples)."""
-    keys = ", ".join(layout.TABLE_KEYS[table])
-    query = (f"SELECT {keys}, count(*) AS n FROM {table}_all WHERE tenant = ? AND run_id = ? "
-             f"GROUP BY ALL HAVING count(*) > 1 ORDER BY ALL")
-    found = con.execute(query, [tenant, run_id]).fetchall()
+    """Keys of one run that have more than one raw row (the rule: transforms/store/duplicates.py): (how many
+    keys, a few examples)."""
+    found = con.execute(duplicate_keys_sql(table, f"{table}_all"), [tenant, run_id]).fetchall()
     return len(found), found[:limit]
 
 

@@ -28,7 +28,8 @@ def test_a_run_without_a_repeated_key_settles_with_no_retried_rows(tmp_path: Pat
     one_page_each(str(tmp_path))
     counts, retried = settle(str(tmp_path), "acme", "r", None)
     assert retried == 0
-    assert counts["duplicate_keys"] == {"documents": 0, "pages": 0, "ledger": 0, "evidence": 0} and counts["errors"] == []
+    assert counts["duplicate_keys"] == {"documents": 0, "pages": 0, "ledger": 0, "evidence": 0}
+    assert counts["errors"] == []
 
 
 def test_a_contradiction_is_found_after_the_ledger_in_the_tables_asked_about(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Faults for the catalog tests, in the launcher's commit step (pipelines/run/commits.py), run as
+"""Faults for the catalog tests, in the run's commit step (transforms/store/commits.py), run as
 `python -m tests.support.catalog_faults MODE WAVE run ...`:
 
 - `kill-before-commit`: SIGKILL once the wave's pipeline finished and its files are on disk, before its commit;
@@ -18,8 +18,7 @@ import sys
 import uuid
 from typing import Any
 
-from pipelines.run import commits
-from transforms.store import iceberg
+from transforms.store import commits, iceberg
 from transforms.store.write import part_prefix
 
 

@@ -17,8 +17,7 @@ import pyarrow.fs as pafs
 
 from schemas import layout, tables
 from transforms.store import part_check
-
-REPLACES_SUFFIX = ".replaces.json"
+from transforms.store.part_names import REPLACES_SUFFIX, replaced_part
 
 
 def _matches(pattern: str) -> list[str]:
@@ -47,7 +46,7 @@ def replaced_by(sidecars: Iterable[tuple[str, bytes]], present: set[str]) -> set
     gone: set[str] = set()
     for path, text in sidecars:
         folder, name = path.rsplit("/", 1)
-        if f"{folder}/{name.removesuffix(REPLACES_SUFFIX)}{layout.PART_SUFFIX}" not in present:
+        if f"{folder}/{replaced_part(name)}" not in present:
             continue
         try:
             names = json.loads(text)
@@ -195,3 +194,19 @@ def manifest_files(fs: pafs.FileSystem, root: str, tenant: str | None = None) ->
               and (tenant is None or (layout.manifest_run_id(path) in owned
                                       and layout.manifest_run_id(path) not in written))]
     return new + legacy
+
+
+def local_write_problem(folder: str) -> str | None:
+    """Pre-flight: why a local output root cannot be written (a probe file made and removed in it), or None."""
+    import uuid
+    from pathlib import Path
+
+    path = Path(folder.removeprefix("file://"))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".pagemill-preflight-{uuid.uuid4().hex}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        return f"{folder}: cannot write ({err.strerror or err})"
+    return None

@@ -183,6 +183,14 @@ def mark_done(folder: str, wave: int) -> None:
         handle.write(b"done\n")
 
 
+def reopen_waves(folder: str, waves: int) -> None:
+    """Every wave of the listing in `folder` (of `waves` waves) is read again: their done markers go."""
+    markers = [done_marker(folder, w) for w in range(waves)]
+    found = [m for m in markers if FileSystems.exists(m)]
+    if found:
+        FileSystems.delete(found)
+
+
 def clear_listing(folder: str) -> None:
     """`--force`: the run starts afresh, with a new listing."""
     found = [m.path for m in FileSystems.match([layout.join_uri(folder, "*")])[0].metadata_list]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -25,10 +24,11 @@ from apache_beam.metrics import Metrics
 
 from schemas import tables
 from schemas.kept_row import ATTEMPT_SEQ
-from schemas.layout import PART_SUFFIX, join_uri, partition
+from schemas.layout import join_uri, partition
+from transforms.store.part_names import PART_PREFIX, new_part_name
+from transforms.store.part_names import part_prefix as part_prefix  # re-exported: tests import it from here
 
 log = logging.getLogger(__name__)
-PART_PREFIX = "part-"
 # Progress as Beam counters (every runner's UI shows them): a row is done once it is written.
 DONE_COUNTERS = {"documents": "documents_done", "pages": "pages_done"}
 
@@ -56,11 +56,6 @@ class AttemptSequence:
 
 
 ATTEMPTS = AttemptSequence()
-
-
-def part_prefix(wave: int | None) -> str:
-    """Part files of one wave are named after it (`part-w00003-...`), so a resumed wave finds its own rows."""
-    return PART_PREFIX if wave is None else f"{PART_PREFIX}w{wave:05d}-"
 
 
 @dataclass(frozen=True)
@@ -151,7 +146,7 @@ class WriteParquetBundles(beam.DoFn):
             self.written_first.flush()
         if not self.rows:
             return
-        write_rows(self.folder, self.schema, self.rows, f"{self.prefix}{uuid.uuid4().hex}{PART_SUFFIX}")
+        write_rows(self.folder, self.schema, self.rows, new_part_name(self.prefix))
         self.rows_written.inc(len(self.rows))
         self.files_written.inc()
         if self.done is not None:
@@ -161,7 +156,7 @@ class WriteParquetBundles(beam.DoFn):
 
 def write_rows(folder: str, schema: pa.Schema, rows: list[dict[str, Any]], name: str | None = None) -> str:
     table = pa.Table.from_pylist(rows, schema=schema)
-    final = join_uri(folder, name or f"part-{uuid.uuid4().hex}{PART_SUFFIX}")
+    final = join_uri(folder, name or new_part_name())
     local = "://" not in folder or folder.startswith("file://")
     target = final + ".inprogress" if local else final
     buf = pa.BufferOutputStream()
