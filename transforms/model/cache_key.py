@@ -68,14 +68,28 @@ EXCLUDE: Mapping[str, Mapping[str, str]] = {
 }
 
 
+# Opt-in settings added after keys were first written, by class name, each with why: keyed only when set away
+# from their default, so turning the feature on re-extracts while every key written before it stays valid.
+KEYED_WHEN_SET: Mapping[str, Mapping[str, str]] = {
+    "ExtractConfig": {
+        "evidence_quotes": "--evidence-quotes changes the prompt and the answer; off, the answer is as before",
+    },
+}
+
+
+def _keyed(value: Any, name: str, field: dataclasses.Field) -> bool:
+    if field.name in EXCLUDE.get(name, {}):
+        return False
+    return field.name not in KEYED_WHEN_SET.get(name, {}) or getattr(value, field.name) != field.default
+
+
 def _canonical(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         keyed = value.key_form() if hasattr(value, "key_form") else value
         # A class renamed since keys were written names itself as before (`key_name`): earlier rows still match.
         name = getattr(type(value), "key_name", type(value).__name__)
-        skip = EXCLUDE.get(name, {})
         return {name: {f.name: _canonical(getattr(keyed, f.name))
-                       for f in dataclasses.fields(value) if f.name not in skip}}
+                       for f in dataclasses.fields(value) if _keyed(value, name, f)}}
     if isinstance(value, Mapping):
         return {str(k): _canonical(v) for k, v in value.items()}
     if isinstance(value, (tuple, list)):

@@ -105,7 +105,7 @@ def test_truncated_output_is_retried_then_invalid(engine, engine_settings) -> No
     tasks = tasks_for(pages_of(docmaker.invoice_pdf(), "inv.pdf"), engine_settings, cfg)
     (r,) = extract_all(engine, tasks, cfg)
     assert (r.status, r.reason_code, r.attempts) == ("invalid", "truncated", 2)
-    assert r.extraction is None and r.output_tokens == 6
+    assert r.extraction is None and r.output_tokens == 2 * 6  # both attempts' tokens, each stopped at the cap
 
 
 @pytest.mark.vllm

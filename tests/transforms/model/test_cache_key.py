@@ -130,3 +130,12 @@ def test_the_vllm_settings_are_keyed_under_their_former_name() -> None:
 def test_a_setting_without_a_canonical_form_is_refused() -> None:
     with pytest.raises(TypeError, match="set"):
         settings_key({1, 2})
+
+
+def test_an_opt_in_setting_is_keyed_only_when_set() -> None:
+    # Keys written before --evidence-quotes existed stay valid while it is off; turning it on re-extracts.
+    cfg = extract_config(schema=load_schema("invoice"))
+    off = config_key(cfg)
+    assert "evidence_quotes" not in canonical(cfg)
+    assert config_key(replace(cfg, evidence_quotes=True)) != off
+    assert config_key(replace(cfg, evidence_quotes=False)) == off

@@ -155,7 +155,8 @@ def test_a_page_that_loops_twice_ends_repetition_after_one_retry_at_half_the_cap
     (r,) = extract_all(engine, tasks(1, cfg), cfg)
     assert (r.status, r.reason_code, r.stop_reason, r.attempts) == ("invalid", "repetition", "repetition", 2)
     assert engine.caps == [(1, 1000), (2, 500)]  # greedy at the cap, then sampled at half of it; no third try
-    assert r.output_tokens == 40 + 5 + SPAN < 500  # what the ledger shows against the cap
+    # The ledger bills both attempts, each stopped by the guard below the cap.
+    assert r.output_tokens == 2 * (40 + 5 + SPAN) and 40 + 5 + SPAN < 500
     assert "repeated a pattern" in (r.message or "")
 
 
