@@ -13,6 +13,7 @@ block U+E0000-E007F (invisible letters that can smuggle text past a reader).
 """
 from __future__ import annotations
 
+import ipaddress
 import re
 
 # Cf as of Unicode 15.1 (Python 3.11 knows 14.0; 15.0 added U+13439-1343F), written out because `re` has no
@@ -50,3 +51,15 @@ def redact_url(text: str) -> str:
     (the user name stays, to say whose), `https://TOKEN@h` becomes `https://***@h`. For what is printed,
     logged or recorded (the manifest, messages); the URL itself is used as given."""
     return _AUTHORITY.sub(_redact_authority, text)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine's loopback by itself (no name is resolved). Pure: what may be sent in
+    the clear (a served endpoint, a catalog) or listened on without a warning (the worker pool)."""
+    host = host.strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -14,12 +14,13 @@ in the worker images (it fetches the pipeline options and starts the SDK harness
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
+
+from transforms.text_safety import is_loopback
 
 DEFAULT_BIND = "127.0.0.1:50000"
 
@@ -32,13 +33,6 @@ def parse_bind(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def start(bind: str = DEFAULT_BIND, container_executable: str | None = None) -> tuple[int, Any]:

@@ -11,7 +11,6 @@ exit 2). A credential is never sent to a non-loopback catalog over plain `http:/
 """
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import random
@@ -24,6 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from schemas import layout
+from transforms.text_safety import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def plain_http_problem(uri: str, properties: Mapping[str, str]) -> str | None:
     secret sent). What pyiceberg's REST client sends: `token` (a bearer header), `credential` (to the token
     endpoint), `header.*` and `auth*` properties, and a user:password in the URI."""
     parts = urlsplit(uri)
-    if parts.scheme != "http" or _loopback(parts.hostname or ""):
+    if parts.scheme != "http" or is_loopback(parts.hostname or ""):
         return None
     sent = sorted(k for k in properties if k in ("token", "credential") or k.startswith(("header.", "auth")))
     if parts.username or parts.password:
@@ -108,13 +108,6 @@ def plain_http_problem(uri: str, properties: Mapping[str, str]) -> str | None:
             f"to the network; use https://, or say {ALLOW_HTTP_FLAG} if the network is private")
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def code_problems(properties: Mapping[str, Any], where: str) -> list[str]:

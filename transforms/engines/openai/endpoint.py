@@ -3,7 +3,6 @@ its key, whether a credential would cross the network in clear, and its model li
 answer of the endpoint (answer.py)."""
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 from collections.abc import Mapping
@@ -11,7 +10,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from transforms.engines.openai.answer import ERROR_BODY_BYTES, read_capped_sync
-from transforms.text_safety import redact_url
+from transforms.text_safety import is_loopback, redact_url
 
 MODEL_LIST_BYTES = 2**20  # GET /models: a list of model names, read no further than this
 
@@ -26,17 +25,6 @@ def base_url(endpoint: str) -> str:
 def auth_headers(api_key_env: str | None, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     key = environ.get(api_key_env) if api_key_env else None
     return {"Authorization": f"Bearer {key}"} if key else {}
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` names this machine's loopback by itself (no name is resolved). Pure."""
-    host = host.strip("[]").lower()
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def plain_http_warning(endpoint: str, api_key_env: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
