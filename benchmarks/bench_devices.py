@@ -37,17 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-PAGES_PER_PDF = 20
-
-
-def make_inputs(pages: int, folder: Path) -> None:
-    """Distinct born-digital PDFs of PAGES_PER_PDF pages: every page its own cache key."""
-    from tests.support import docmaker
-
-    folder.mkdir(parents=True)
-    for i in range(0, pages, PAGES_PER_PDF):
-        n = min(PAGES_PER_PDF, pages - i)
-        (folder / f"report-{i:05d}.pdf").write_bytes(docmaker.multipage_pdf(n, title=f"Report {i}"))
+from benchmarks.bench_memory import make_inputs  # noqa: E402 - after the path is set
 
 
 def one_run(devices: int, pages: int, slots: int, seconds: float, workers: int) -> dict[str, Any]:
