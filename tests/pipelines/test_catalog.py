@@ -1,4 +1,4 @@
-"""`--catalog`: a run's waves committed to Iceberg tables (pipelines/run/commits.py, transforms/store/iceberg.py),
+"""`--catalog`: a run's waves committed to Iceberg tables (transforms/store/commits.py, transforms/store/iceberg.py),
 read back with pyiceberg alone as another engine's user would. Render-only runs in child processes (killable);
 faults in the commit step come from tests/support/catalog_faults.py."""
 from __future__ import annotations

@@ -298,7 +298,7 @@ def test_a_file_planted_in_alphas_run_folder_with_bravos_rows_is_nobodys(tmp_pat
     rows say tenant=bravo, run_id=b1, with bravo's key, forged text and a later created_at (so the kept-row rule
     would prefer it). Alpha's commits and bravo's own: bravo's rows, committed or read with and without the
     catalog, with and without --tenant, hold bravo's invoice, never the forged text; the file is reported."""
-    from pipelines.run.commits import Commits
+    from transforms.store.commits import Commits
     from transforms.store.iceberg import CatalogConfig
 
     out = tmp_path / "out"
